@@ -1,0 +1,1 @@
+"""Drafters: the sources of candidate tokens (model, ngram, adjacency)."""

@@ -1,0 +1,102 @@
+"""The interface every decoding method implements, and the registry that names them.
+
+A method is a tree builder: the engine asks it for a draft tree each step and tells it what the
+target decided. Methods register themselves by name; nothing else branches on method names.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..config import DecodeConfig
+from ..errors import ConfigError
+from ..lm import CausalLM
+from ..tree import DraftTree
+from ..verify import Verdict
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """The target's pass over the prompt, offered to methods that learn from it."""
+
+    prompt_ids: torch.Tensor  # [prompt_length]
+    logits: torch.Tensor  # [prompt_length, vocab] target logits at every prompt position
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One verified step, offered to drafters that learn online."""
+
+    tree: DraftTree
+    verdict: Verdict  # batch 1
+    logits: torch.Tensor  # [num_nodes, vocab] target logits at every tree node
+    committed: torch.Tensor  # [length] all committed tokens after this step, new root last
+
+    @property
+    def path(self) -> torch.Tensor:
+        """Accepted node indices, root excluded: ``[num_accepted]``."""
+        return self.verdict.path[0, 1 : int(self.verdict.num_accepted[0]) + 1]
+
+
+@dataclass(frozen=True)
+class Models:
+    """The models a method may use: the target and, for model-drafting methods, the drafter."""
+
+    target: CausalLM
+    drafter: CausalLM | None = None
+    vocab_size: int = 0
+
+
+class Method(ABC):
+    """Base tree builder. Subclasses set ``name`` and override ``draft``; the rest is optional."""
+
+    name: ClassVar[str] = ""
+    needs_drafter: ClassVar[bool] = False
+    description: ClassVar[str] = ""
+
+    def __init__(self, models: Models, config: DecodeConfig):
+        self.models = models
+        self.config = config
+
+    def start(self, prefill: Prefill) -> None:
+        """Called once per request after the target's prefill."""
+
+    @abstractmethod
+    def draft(self, committed: torch.Tensor) -> DraftTree:  # committed: [length], root last
+        """The draft tree for this step, hanging from ``committed[-1]`` (the root)."""
+
+    def observe(self, observation: Observation) -> None:
+        """Called after every verification: commit drafter caches, update online tables."""
+
+    def drafter_calls(self) -> dict[str, int]:
+        """Drafter invocations in the last step, by drafter name."""
+        return {}
+
+
+METHODS: dict[str, type[Method]] = {}
+
+
+def register(cls: type[Method]) -> type[Method]:
+    METHODS[cls.name] = cls
+    return cls
+
+
+def method_names() -> list[str]:
+    return sorted(METHODS)
+
+
+def create_method(config: DecodeConfig, models: Models) -> Method:
+    """Build the method ``config.method`` names, or raise a ConfigError naming the valid ones."""
+    cls = METHODS.get(config.method)
+    if cls is None:
+        raise ConfigError(f"unknown method {config.method!r}", f"choose one of: {', '.join(method_names())}")
+    if cls.needs_drafter and models.drafter is None:
+        raise ConfigError(
+            f"method {config.method!r} needs a model drafter", "pass --pair DRAFTER:TARGET"
+        )
+    return cls(models, config)
+

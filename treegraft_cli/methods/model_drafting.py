@@ -1,0 +1,90 @@
+"""Methods that draft with a small LM: ``chain`` (classic speculative decoding) and ``dense`` (EAGLE-2)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..drafters.model import ModelDrafter
+from ..tree import ORIGIN_MODEL, DraftTree
+from .base import Method, Models, Observation, register
+from ..config import DecodeConfig
+
+
+class ModelDraftingMethod(Method):
+    """Shared plumbing: one ModelDrafter whose cache is committed after every verification."""
+
+    needs_drafter = True
+
+    def __init__(self, models: Models, config: DecodeConfig):
+        super().__init__(models, config)
+        self.drafter = ModelDrafter(models.drafter)
+
+    def start(self, prefill) -> None:
+        self.drafter.reset()
+
+    def observe(self, observation: Observation) -> None:
+        self.drafter.commit(observation.tree, observation.path)
+
+    def drafter_calls(self) -> dict[str, int]:
+        return {"model": self.drafter.calls}
+
+
+@register
+class ChainMethod(ModelDraftingMethod):
+    """Classic speculative decoding: the drafter's greedy chain of ``tree.depth`` tokens."""
+
+    name = "chain"
+    description = "drafter's greedy chain of depth tokens (classic speculative decoding)"
+
+    def draft(self, committed: torch.Tensor) -> DraftTree:
+        length = min(self.config.tree.depth, self.config.tree.budget)
+        tree = DraftTree.from_root(int(committed[-1]), self.drafter.device)
+        logits = self.drafter.begin_step(committed)[None]
+        last = torch.zeros(1, dtype=torch.long, device=tree.device)
+        for depth in range(1, length + 1):
+            logp = torch.log_softmax(logits[-1:].float(), dim=-1)
+            score, token = logp.max(dim=-1)
+            last = tree.add_children(last, token, tree.scores[last] + score, ORIGIN_MODEL)
+            if depth < length:
+                logits = self.drafter.forward_nodes(tree, last)
+        return tree
+
+
+@register
+class DenseMethod(ModelDraftingMethod):
+    """EAGLE-2 dynamic tree: expand the top-K frontier by cumulative score for D depths, keep the top N."""
+
+    name = "dense"
+    description = "EAGLE-2-style dynamic tree from the model drafter (depth D, frontier K, top-N)"
+
+    def draft(self, committed: torch.Tensor) -> DraftTree:
+        tree = self.grow(committed, self.config.tree.depth)
+        return tree.top_by_score(self.config.tree.budget)
+
+    def grow(self, committed: torch.Tensor, depth: int) -> DraftTree:
+        """The full candidate pool: K children of the root, then K children of each of the K best new nodes per depth."""
+        k = self.config.tree.top_k
+        tree = DraftTree.from_root(int(committed[-1]), self.drafter.device)
+        root_logits = self.drafter.begin_step(committed)
+        frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
+        frontier = self.expand(tree, frontier, root_logits[None], k)
+        for _ in range(depth - 1):
+            logits = self.drafter.forward_nodes(tree, frontier)
+            frontier = self.expand(tree, frontier, logits, k)
+        return tree
+
+    def expand(
+        self,
+        tree: DraftTree,
+        parents: torch.Tensor,  # [p] node indices
+        logits: torch.Tensor,  # [p, vocab] drafter logits at the parents
+        k: int,
+    ) -> torch.Tensor:
+        """Add each parent's top-k children; return the k best new nodes (the next frontier)."""
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        top_logp, top_tokens = torch.topk(logp, k, dim=-1)  # [p, k]
+        scores = tree.scores[parents][:, None] + top_logp
+        child_parents = parents[:, None].expand_as(top_tokens)
+        nodes = tree.add_children(child_parents.flatten(), top_tokens.flatten(), scores.flatten(), ORIGIN_MODEL)
+        best = torch.topk(scores.flatten(), min(k, nodes.numel())).indices
+        return nodes[best]

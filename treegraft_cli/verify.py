@@ -1,0 +1,137 @@
+"""Tree verification, torch reference implementations.
+
+Shapes carry a batch dimension (``[batch, nodes]``, ``[batch, nodes, vocab]``) even though the engine
+runs batch 1; the Triton kernels in ``treegraft_cli.kernels`` have the same signatures.
+
+Acceptance (DESIGN.md §3). Every node i gets the target's *choice* ``c_i`` for the token after it: the
+argmax at T=0, or a sample from the processed target distribution at T>0, drawn by inverse CDF from the
+uniform ``u_i`` passed in. A child is accepted iff its token equals its parent's choice and its parent
+was accepted; the bonus token is the choice at the deepest accepted node.
+
+Why this is exact at T>0 for deterministic drafts (distinct siblings, drafter probability 1 on the
+proposed token): the classic multi-candidate rule accepts sibling x_j with probability
+``p(x_j) / (1 - sum_{l<j} p(x_l))`` and, if all fail, samples the bonus from p with the siblings zeroed.
+Unrolled, child x_j is taken with probability exactly p(x_j) and the bonus is a draw from p conditioned on
+missing every child: the same law as one draw y ~ p that is followed into the tree when it hits a child
+and becomes the bonus otherwise. Each node uses its own uniform and only nodes on the walked path
+matter, so every committed token is an independent draw from the target. Drafter scores never enter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the target decided about one batch of trees."""
+
+    path: torch.Tensor  # [batch, nodes] node indices root→deepest accepted, -1 padded; path[:, 0] == 0
+    num_accepted: torch.Tensor  # [batch] accepted non-root nodes; accepted length τ = num_accepted + 1
+    bonus: torch.Tensor  # [batch] token id the target chose after the deepest accepted node
+
+
+def tree_buffers(
+    parents: torch.Tensor,  # [batch, nodes] int64, -1 for the root (node 0)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ancestor mask ``[batch, nodes, nodes]`` (bool, i sees j iff j is i or its ancestor) and depths ``[batch, nodes]``.
+
+    Position ids of the verification forward are ``prefix_length + depths``.
+    """
+    batch, n = parents.shape
+    eye = torch.eye(n, dtype=torch.bool, device=parents.device).expand(batch, n, n)
+    parent_of = torch.zeros(batch, n, n, dtype=torch.bool, device=parents.device)
+    parent_of.scatter_(2, parents.clamp(min=0)[..., None], (parents >= 0)[..., None])
+    reach = (eye | parent_of).float()
+    # pointer doubling: after k squarings a row reaches 2**k generations up
+    for _ in range(max(1, (n - 1).bit_length())):
+        reach = (torch.bmm(reach, reach) > 0).float()
+    mask = reach > 0
+    depths = mask.sum(dim=-1) - 1
+    return mask, depths
+
+
+def accept_choices(
+    tokens: torch.Tensor,  # [batch, nodes]
+    parents: torch.Tensor,  # [batch, nodes]
+    depths: torch.Tensor,  # [batch, nodes]
+    ancestor_mask: torch.Tensor,  # [batch, nodes, nodes] bool
+    choices: torch.Tensor,  # [batch, nodes] the target's token after each node
+) -> Verdict:
+    """Walk the tree along the target's choices; see the module docstring."""
+    batch, n = tokens.shape
+    parent_choice = torch.gather(choices, 1, parents.clamp(min=0))
+    matches = tokens == parent_choice
+    matches[:, 0] = True  # the root is committed
+    # a node is accepted iff no node on its root path mismatches
+    accepted = ~(ancestor_mask & ~matches[:, None, :]).any(dim=-1)
+    deepest = torch.where(accepted, depths, -1).argmax(dim=-1)  # siblings are distinct: accepted is a chain
+    num_accepted = torch.gather(depths, 1, deepest[:, None]).squeeze(1)
+    path = torch.full((batch, n), -1, dtype=torch.long, device=tokens.device)
+    node_ids = torch.arange(n, device=tokens.device).expand(batch, n)
+    slot = torch.where(accepted, depths, n - 1)  # rejected nodes write to a scratch column, then reset
+    path.scatter_(1, slot, torch.where(accepted, node_ids, -1))
+    beyond = torch.arange(n, device=tokens.device)[None, :] > num_accepted[:, None]
+    path = path.masked_fill(beyond, -1)
+    bonus = torch.gather(choices, 1, deepest[:, None]).squeeze(1)
+    return Verdict(path=path, num_accepted=num_accepted, bonus=bonus)
+
+
+def verify_greedy(
+    logits: torch.Tensor,  # [batch, nodes, vocab] target logits at every node
+    tokens: torch.Tensor,  # [batch, nodes]
+    parents: torch.Tensor,  # [batch, nodes]
+) -> Verdict:
+    """Greedy acceptance: the target's choice at every node is its argmax."""
+    ancestor_mask, depths = tree_buffers(parents)
+    return accept_choices(tokens, parents, depths, ancestor_mask, logits.argmax(dim=-1))
+
+
+def process_logits(
+    logits: torch.Tensor,  # [..., vocab]
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> torch.Tensor:
+    """Probabilities after temperature, top-k and top-p (in that order, as transformers does)."""
+    logits = logits.float() / temperature
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(dim=-1)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        drop_sorted = mass_before >= top_p  # keep the smallest prefix whose mass reaches top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(dim=-1)
+
+
+def sample_from_probs(
+    probs: torch.Tensor,  # [..., vocab]
+    uniforms: torch.Tensor,  # [...] in [0, 1)
+) -> torch.Tensor:
+    """Inverse-CDF sampling: the first token whose cumulative mass exceeds ``u * total``."""
+    cdf = probs.cumsum(dim=-1)
+    threshold = (uniforms * cdf[..., -1]).unsqueeze(-1)
+    index = torch.searchsorted(cdf.contiguous(), threshold.contiguous(), right=True).squeeze(-1)
+    return index.clamp(max=probs.shape[-1] - 1)
+
+
+def verify_sampling(
+    logits: torch.Tensor,  # [batch, nodes, vocab]
+    tokens: torch.Tensor,  # [batch, nodes]
+    parents: torch.Tensor,  # [batch, nodes]
+    uniforms: torch.Tensor,  # [batch, nodes] one uniform in [0, 1) per node
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> Verdict:
+    """Exact tree rejection sampling for deterministic drafts (see the module docstring)."""
+    probs = process_logits(logits, temperature, top_k, top_p)
+    choices = sample_from_probs(probs, uniforms)
+    ancestor_mask, depths = tree_buffers(parents)
+    return accept_choices(tokens, parents, depths, ancestor_mask, choices)
