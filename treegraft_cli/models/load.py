@@ -55,6 +55,9 @@ def load_pair(
 ) -> tuple[LoadedModel | None, LoadedModel]:
     """``DRAFTER:TARGET`` → (drafter or None, target). A self-drafter shares the target's weights."""
     drafter_name, target_name = parse_pair(pair)
+    for name in (drafter_name, target_name):
+        if name:
+            resolve(name)  # fail on a bad name before spending time loading the other model
     target = load_model(target_name, dtype, device, progress)
     if not drafter_name:
         return None, target

@@ -1,0 +1,58 @@
+"""The treegraft command line. Commands are thin: they parse options and call the core."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from ..errors import TreegraftError
+from . import console
+from .generate import generate
+from .models_cmd import app as models_app
+
+app = typer.Typer(
+    name="treegraft",
+    help="Benchmark and tune tree-based speculative decoding (Graft, TreeGraft).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.command()(generate)
+app.add_typer(models_app, name="models")
+
+# Commands whose issues have not landed yet: they say so and exit non-zero instead of faking output.
+PENDING = {
+    "profile": ("time drafter and verify costs on this device", "issue #6 (profile, collect, distill)"),
+    "collect": ("offline value rollouts for the TreeGraft scheduler", "issue #6 (profile, collect, distill)"),
+    "distill": ("fit the scheduler MLP to collected rollouts", "issue #6 (profile, collect, distill)"),
+    "tune": ("Optuna search over tree budget, thresholds and call budget", "issue #8 (bench and tune)"),
+    "bench": ("methods side by side on the benchmark suites", "issue #8 (bench and tune)"),
+}
+
+
+def _pending(name: str, summary: str, issue: str):
+    def command(ctx: typer.Context) -> None:
+        console.error(f"`treegraft {name}` is not available in this version", f"it is tracked in {issue}")
+        raise typer.Exit(2)
+
+    command.__doc__ = f"{summary[0].upper()}{summary[1:]} (not available yet)."
+    return command
+
+
+def register_pending(commands: dict[str, tuple[str, str]]) -> None:
+    existing = {c.name for c in app.registered_commands}
+    for name, (summary, issue) in commands.items():
+        if name not in existing:
+            app.command(name, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
+                _pending(name, summary, issue)
+            )
+
+
+def main() -> None:
+    register_pending(PENDING)
+    try:
+        app()
+    except TreegraftError as failure:
+        console.error(failure.message, failure.hint)
+        sys.exit(2)

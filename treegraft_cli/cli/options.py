@@ -1,0 +1,52 @@
+"""Options shared by the commands that decode, and the one place they become a DecodeConfig."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ..config import DecodeConfig, SamplingConfig, TreeConfig
+from ..methods import method_names
+from ..pipeline import DEFAULT_PAIR
+
+Pair = Annotated[str, typer.Option("--pair", help="DRAFTER:TARGET (aliases, paths, hub ids, NAME@layers=K).")]
+Method = Annotated[str, typer.Option("--method", "-m", help="Decoding method: " + ", ".join(method_names()) + ".")]
+Dtype = Annotated[str, typer.Option("--dtype", help="bf16 | fp16 | fp32.")]
+Device = Annotated[str, typer.Option("--device", help="cpu | cuda | auto (auto spreads a target over GPUs).")]
+MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens to generate.")]
+Temperature = Annotated[float, typer.Option("--temperature", "-t", help="0 is greedy.")]
+TopK = Annotated[int, typer.Option("--top-k", help="Sampling top-k (0: off).")]
+TopP = Annotated[float, typer.Option("--top-p", help="Sampling top-p (1.0: off).")]
+Seed = Annotated[int, typer.Option("--seed", help="Seed of the sampling uniforms.")]
+Budget = Annotated[int, typer.Option("--budget", "-N", help="Tree budget: non-root nodes per verification.")]
+Depth = Annotated[int, typer.Option("--depth", "-D", help="Tree depth (chain length for `chain`).")]
+TreeTopK = Annotated[int, typer.Option("--tree-top-k", "-K", help="Frontier width / children per expanded node.")]
+Kernels = Annotated[str, typer.Option("--kernels", help="auto | torch | triton verification backend.")]
+
+DEFAULTS = DecodeConfig()
+
+
+def decode_config(
+    method: str,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int,
+    budget: int,
+    depth: int,
+    tree_top_k: int,
+    kernels: str,
+) -> DecodeConfig:
+    return DecodeConfig(
+        method=method,
+        tree=TreeConfig(budget=budget, depth=depth, top_k=tree_top_k),
+        sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p),
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        kernels=kernels,
+    )
+
+
+__all__ = ["DEFAULT_PAIR", "DEFAULTS", "decode_config"]
