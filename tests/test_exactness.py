@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from conftest import random_prompt, reference_greedy, speculative
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from treegraft_cli.config import DecodeConfig, TreeConfig
-
-from conftest import random_prompt, reference_greedy, speculative
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

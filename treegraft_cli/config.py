@@ -7,8 +7,9 @@ which rejects unknown keys and runs each class's ``__post_init__`` validation.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from .errors import ConfigError
 

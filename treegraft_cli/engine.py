@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 
@@ -101,7 +101,6 @@ class SpeculativeDecoder:
         prompt_ids: torch.Tensor,  # [prompt_length]
         on_step: Callable[[Generation], None] | None = None,
     ) -> Generation:
-        config = self.config
         device = self.target.device
         prompt_ids = prompt_ids.to(device)
         self.target.reset()

@@ -6,8 +6,8 @@ same way everywhere.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -27,7 +27,7 @@ class Pipeline:
     drafter: LoadedModel | None
 
     @classmethod
-    def load(cls, pair: str, dtype: str = "bf16", device: str = "cpu", progress: Progress | None = None) -> "Pipeline":
+    def load(cls, pair: str, dtype: str = "bf16", device: str = "cpu", progress: Progress | None = None) -> Pipeline:
         drafter, target = load_pair(pair, dtype, device, progress)
         return cls(target=target, drafter=drafter)
 

@@ -35,7 +35,7 @@ class DraftTree:
     kv_slot: torch.Tensor  # [num_nodes] int64
 
     @classmethod
-    def from_root(cls, root_token: int, device: torch.device | str = "cpu") -> "DraftTree":
+    def from_root(cls, root_token: int, device: torch.device | str = "cpu") -> DraftTree:
         def column(value, dtype):
             return torch.tensor([value], dtype=dtype, device=device)
 
@@ -91,7 +91,6 @@ class DraftTree:
         )
         new_first = first[~in_tree]
         new_first = new_first.sort().values  # keep request order
-        start = self.num_nodes
         self.tokens = torch.cat([self.tokens, tokens[new_first]])
         self.parents = torch.cat([self.parents, parents[new_first]])
         self.depths = torch.cat([self.depths, self.depths[parents[new_first]] + 1])
@@ -103,12 +102,9 @@ class DraftTree:
         order = torch.argsort(all_keys)
         position = torch.searchsorted(all_keys[order], keys)
         node = order[position]
-        merged = node < start
-        if bool(merged.any()):
-            new_scores = scores[merged].float()
-            if not rescore:
-                new_scores = torch.maximum(self.scores[node[merged]], new_scores)
-            self.scores[node[merged]] = new_scores
+        if rescore:  # touched nodes forget their old score and take the (best) new one
+            self.scores[node] = float("-inf")
+        self.scores.scatter_reduce_(0, node, scores.float(), reduce="amax")
         return node
 
     def _keys(self, parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -118,7 +114,7 @@ class DraftTree:
     def children_of(self, node: int) -> torch.Tensor:
         return torch.nonzero(self.parents == node).flatten()
 
-    def keep(self, keep: torch.Tensor) -> "DraftTree":
+    def keep(self, keep: torch.Tensor) -> DraftTree:
         """A new tree with the nodes where ``keep`` ([num_nodes] bool) is set; must be prefix-closed."""
         keep = keep.clone()
         keep[0] = True
@@ -138,7 +134,7 @@ class DraftTree:
             kv_slot=self.kv_slot[kept],
         )
 
-    def top_by_score(self, budget: int) -> "DraftTree":
+    def top_by_score(self, budget: int) -> DraftTree:
         """The ``budget`` best non-root nodes by score, prefix-closed.
 
         A child's cumulative log-prob never exceeds its parent's, and a stable sort keeps a parent

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -43,7 +43,7 @@ def generate(
     kernels: Kernels = "auto",
     dtype: Dtype = "bf16",
     device: Device = "cpu",
-    system: Annotated[Optional[str], typer.Option("--system", help="System message (none by default).")] = None,
+    system: Annotated[str | None, typer.Option("--system", help="System message (none by default).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
 ) -> None:
     """Decode one chat prompt with one method; --json prints one JSON object."""

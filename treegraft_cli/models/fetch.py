@@ -13,8 +13,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..errors import ModelError
 from .registry import WheelGGUF
