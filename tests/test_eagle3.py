@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from conftest import random_prompt, reference_greedy, speculative
 from transformers import DynamicCache, LlamaConfig
 
 from treegraft_cli.config import DecodeConfig, TreeConfig
@@ -16,8 +17,6 @@ from treegraft_cli.models import LoadedModel, load_model, load_pair, parse_pair,
 from treegraft_cli.models.eagle3 import aux_hidden_indices, save_eagle3_head
 from treegraft_cli.models.eagle3_head import Eagle3Head
 from treegraft_cli.tree import ORIGIN_MODEL, DraftTree
-
-from conftest import random_prompt, reference_greedy, speculative
 
 DRAFT_VOCAB = 64
 

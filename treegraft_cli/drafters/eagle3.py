@@ -15,6 +15,8 @@ CausalLM and reads ``target.last_hidden`` at two moments the engine fixes: at th
 rows of the root and the accepted path only. ``commit`` drops every tree row from the head's
 cache and the next ``begin_step`` forwards the accepted tokens and the bonus again, now with the
 target's own states in place of the head's guesses, as the EAGLE reference implementation does.
+So, unlike a small-LM drafter, this one needs ``commit`` after every verification (it is where the
+accepted path's states are kept); accepted nodes it never forwarded (another drafter's) are fine.
 """
 
 from __future__ import annotations

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from ..config import DecodeConfig
 from ..drafters import make_model_drafter
 from ..tree import ORIGIN_MODEL, DraftTree
 from .base import Method, Models, Observation, register
-from ..config import DecodeConfig
 
 
 class ModelDraftingMethod(Method):

@@ -153,6 +153,8 @@ def _fill_vocab_maps(config: LlamaConfig, state: dict[str, torch.Tensor]) -> Non
 
 
 def _load_state(head: Eagle3Head, state: dict[str, torch.Tensor], source: Path) -> None:
+    for name in [k for k in state if k.endswith("rotary_emb.inv_freq")]:
+        del state[name]  # older checkpoints saved this buffer; the head recomputes it from the config
     expected = head.checkpoint_state()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
