@@ -98,9 +98,11 @@ class Eagle3Drafter(ModelDrafter):
     def _take_pending(self, committed: torch.Tensor) -> torch.Tensor:  # -> [n, 3 * target_hidden]
         states = self.target.last_hidden if self.pending is None else self.pending
         needed = committed.shape[0] - 1 - self.committed_length
-        if states is None or states.shape[0] != needed or needed < 1:
-            have = None if states is None else states.shape[0]
-            raise RuntimeError(f"EAGLE-3 drafter holds target states for {have} tokens, needs {needed}")
+        if needed < 1:
+            raise RuntimeError("EAGLE-3 drafter: begin_step again without a commit in between")
+        if states is None or states.shape[0] != needed:
+            have = 0 if states is None else states.shape[0]
+            raise RuntimeError(f"EAGLE-3 drafter holds target states for {have} tokens, needs {needed}: commit every step")
         self.pending = states[:0]
         return states
 
