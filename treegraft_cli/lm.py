@@ -2,12 +2,35 @@
 
 All model code stays in transformers: tree attention goes through a 4-D additive float mask and
 explicit position ids, which llama, qwen2 and gemma3 accept in transformers 5.x.
+
+Feature drafters (EAGLE-3 heads) read the target's intermediate hidden states. ``capture_hidden_states``
+makes every forward keep them in ``last_hidden``; they are taken by forward hooks on the decoder layers,
+registered for the duration of one forward only, so no model code is copied and a model shared with a
+layer-truncated drafter is not affected by the other's forwards.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
 import torch
 from transformers import DynamicCache, PreTrainedModel
+
+
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # visible: [n, kv] bool
+    """The ``[1, 1, n, kv]`` float mask attention adds to its scores: 0 where visible, -inf-like elsewhere."""
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def decoder_layers(model: PreTrainedModel) -> Sequence[torch.nn.Module]:
+    """The decoder layer list of a causal LM (llama, qwen2/3, gemma3 text and their truncations)."""
+    layers = getattr(model.get_decoder(), "layers", None)
+    if layers is None:
+        raise TypeError(f"{type(model).__name__} has no decoder layer list to capture hidden states from")
+    return layers
 
 
 class CausalLM:
@@ -17,6 +40,20 @@ class CausalLM:
         self.model = model
         self.cache = DynamicCache(config=model.config)
         self.forward_calls = 0
+        self.capture_indices: tuple[int, ...] = ()
+        self.last_hidden: torch.Tensor | None = None  # [n, len(capture_indices) * hidden] after a forward
+
+    def capture_hidden_states(self, indices: Sequence[int]) -> None:
+        """Keep these hidden states of every later forward in ``last_hidden``, concatenated in this order.
+
+        Indices follow transformers' ``output_hidden_states``: 0 is the embedding output, k >= 1 the
+        output of decoder layer k - 1.
+        """
+        count = len(decoder_layers(self.model))
+        bad = [i for i in indices if not 0 <= i <= count]
+        if bad:
+            raise ValueError(f"hidden state indices {bad} outside 0..{count}")
+        self.capture_indices = tuple(int(i) for i in indices)
 
     @property
     def device(self) -> torch.device:
@@ -32,6 +69,7 @@ class CausalLM:
 
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.model.config)
+        self.last_hidden = None
 
     @torch.no_grad()
     def forward(
@@ -45,20 +83,35 @@ class CausalLM:
         start = self.cache_length
         if position_ids is None:
             position_ids = torch.arange(start, start + n, device=self.device)
-        attention_mask = None
-        if visible is not None:
-            attention_mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
-            attention_mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
-            attention_mask = attention_mask[None, None]
-        out = self.model(
-            input_ids=input_ids[None],
-            position_ids=position_ids[None],
-            attention_mask=attention_mask,
-            cache=self.cache,
-            use_cache=True,
-        )
+        attention_mask = None if visible is None else additive_mask(visible, self.dtype)
+        with self._capturing() as captured:
+            out = self.model(
+                input_ids=input_ids[None],
+                position_ids=position_ids[None],
+                attention_mask=attention_mask,
+                cache=self.cache,
+                use_cache=True,
+            )
+        if self.capture_indices:
+            self.last_hidden = torch.cat([captured[i][0].to(self.device) for i in self.capture_indices], dim=-1)
         self.forward_calls += 1
         return out.logits[0]
+
+    @contextmanager
+    def _capturing(self) -> Iterator[dict[int, torch.Tensor]]:
+        """Hooks that store the captured hidden states ``{index: [1, n, hidden]}`` during one forward."""
+        captured: dict[int, torch.Tensor] = {}
+        handles = []
+        if self.capture_indices:
+            layers = decoder_layers(self.model)
+            for index in set(self.capture_indices):
+                module = self.model.get_input_embeddings() if index == 0 else layers[index - 1]
+                handles.append(module.register_forward_hook(_store_output(captured, index)))
+        try:
+            yield captured
+        finally:
+            for handle in handles:
+                handle.remove()
 
     def forward_tree(
         self,
@@ -97,3 +150,11 @@ class CausalLM:
         """Keep the first ``length`` cache rows."""
         empty = torch.empty(0, dtype=torch.long, device=self.device)
         self.commit(empty, length)
+
+
+def _store_output(captured: dict[int, torch.Tensor], index: int) -> Callable:
+    def hook(module, args, output) -> None:
+        # decoder layers return a tensor in transformers 5.x; older-style layers a tuple led by it
+        captured[index] = output[0] if isinstance(output, tuple) else output
+
+    return hook

@@ -10,7 +10,7 @@ from ..config import DecodeConfig, SamplingConfig, TreeConfig
 from ..methods import method_names
 from ..pipeline import DEFAULT_PAIR
 
-Pair = Annotated[str, typer.Option("--pair", help="DRAFTER:TARGET (aliases, paths, hub ids, NAME@layers=K).")]
+Pair = Annotated[str, typer.Option("--pair", help="DRAFTER:TARGET (aliases, paths, hub ids, NAME@layers=K; drafter eagle3:PATH for an EAGLE-3 head).")]
 Method = Annotated[str, typer.Option("--method", "-m", help="Decoding method: " + ", ".join(method_names()) + ".")]
 Dtype = Annotated[str, typer.Option("--dtype", help="bf16 | fp16 | fp32.")]
 Device = Annotated[str, typer.Option("--device", help="cpu | cuda | auto (auto spreads a target over GPUs).")]

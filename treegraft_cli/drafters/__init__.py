@@ -1,1 +1,21 @@
-"""Drafters: the sources of candidate tokens (model, ngram, adjacency)."""
+"""Drafters: things that propose tokens for the draft tree."""
+
+from __future__ import annotations
+
+from ..lm import CausalLM
+from ..models.eagle3_head import Eagle3Head
+from .eagle3 import Eagle3Drafter
+from .model import ModelDrafter
+
+
+def make_model_drafter(drafter: CausalLM, target: CausalLM) -> ModelDrafter:
+    """The drafter for a pair's drafter model: an EAGLE-3 head reads the target's states, a small LM does not.
+
+    Every method that drafts with a model builds its drafter here, so none of them branches on the kind.
+    """
+    if isinstance(drafter.model, Eagle3Head):
+        return Eagle3Drafter(drafter, target)
+    return ModelDrafter(drafter)
+
+
+__all__ = ["Eagle3Drafter", "ModelDrafter", "make_model_drafter"]

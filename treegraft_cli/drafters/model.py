@@ -15,6 +15,8 @@ from ..tree import DraftTree
 
 
 class ModelDrafter:
+    name = "model"  # key of its call count in the step statistics
+
     def __init__(self, lm: CausalLM):
         self.lm = lm
         self.committed_length = 0  # committed tokens whose rows sit at the front of the cache

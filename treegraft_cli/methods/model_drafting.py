@@ -5,19 +5,19 @@ from __future__ import annotations
 import torch
 
 from ..config import DecodeConfig
-from ..drafters.model import ModelDrafter
+from ..drafters import make_model_drafter
 from ..tree import ORIGIN_MODEL, DraftTree
 from .base import Method, Models, Observation, register
 
 
 class ModelDraftingMethod(Method):
-    """Shared plumbing: one ModelDrafter whose cache is committed after every verification."""
+    """Shared plumbing: one model drafter (a small LM or an EAGLE-3 head) committed after every verification."""
 
     needs_drafter = True
 
     def __init__(self, models: Models, config: DecodeConfig):
         super().__init__(models, config)
-        self.drafter = ModelDrafter(models.drafter)
+        self.drafter = make_model_drafter(models.drafter, models.target)
 
     def start(self, prefill) -> None:
         self.drafter.reset()
@@ -26,7 +26,7 @@ class ModelDraftingMethod(Method):
         self.drafter.commit(observation.tree, observation.path)
 
     def drafter_calls(self) -> dict[str, int]:
-        return {"model": self.drafter.calls}
+        return {self.drafter.name: self.drafter.calls}
 
 
 @register

@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import ModelError
+from .eagle3 import load_eagle3_head
 from .fetch import Progress, fetch_wheel_gguf
 from .registry import ModelRef, parse_pair, resolve
 from .tiny import build_tiny_model, byte_level_tokenizer
@@ -44,6 +45,8 @@ def load_model(
 ) -> LoadedModel:
     """Load one model by name (see ``registry.resolve``), truncated if the name ends in ``@layers=K``."""
     ref = resolve(name)
+    if ref.eagle3:
+        raise ModelError(f"{name} is an EAGLE-3 draft head, not a model of its own", "use it as a drafter: eagle3:PATH:TARGET")
     base = _load_base(ref, parse_dtype(dtype), device, progress)
     if ref.truncate_layers is not None:
         return LoadedModel(name, truncate_layers(base.model, ref.truncate_layers), base.tokenizer)
@@ -62,12 +65,30 @@ def load_pair(
     if not drafter_name:
         return None, target
     drafter_ref = resolve(drafter_name)
+    if drafter_ref.eagle3:
+        head = load_eagle3_head(_eagle3_directory(drafter_ref), target.model)
+        return LoadedModel(drafter_name, head, target.tokenizer), target
     if drafter_ref.truncate_layers is not None and _same_base(drafter_ref, resolve(target_name)):
         drafter = LoadedModel(drafter_name, truncate_layers(target.model, drafter_ref.truncate_layers), target.tokenizer)
     else:
         drafter = load_model(drafter_name, dtype, device, progress)
     check_same_tokenizer(drafter, target)
     return drafter, target
+
+
+def _eagle3_directory(ref: ModelRef) -> Path:
+    """A head's checkpoint directory: the local one, or the hub snapshot (config and weights only)."""
+    if ref.path is not None:
+        return ref.path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(ref.hub_id, allow_patterns=["*.json", "*.safetensors", "*.bin"]))
+    except Exception as error:  # the hub client raises HTTP, offline-cache and connection errors alike
+        raise ModelError(
+            f"could not fetch EAGLE-3 head {ref.hub_id}: {str(error).splitlines()[0] if str(error) else type(error).__name__}",
+            "download the head where the hub is reachable and pass eagle3:DIR",
+        ) from None
 
 
 def _same_base(a: ModelRef, b: ModelRef) -> bool:

@@ -1,7 +1,8 @@
 """Model aliases and how a model name resolves.
 
 A name is one of: an alias below; ``NAME@layers=K`` (layer-truncated self-drafter of NAME); a local
-directory or ``.gguf`` file; or a Hugging Face hub id (``org/name``).
+directory or ``.gguf`` file; a Hugging Face hub id (``org/name``); or, as a drafter only,
+``eagle3:PATH`` (an EAGLE-3 draft head: a checkpoint directory or hub id).
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ ALIASES: dict[str, ModelEntry] = {
 }
 
 _LAYERS = re.compile(r"^(?P<base>.+)@layers=(?P<k>\d+)$")
+EAGLE3_PREFIX = "eagle3:"
 
 
 @dataclass(frozen=True)
@@ -116,11 +118,14 @@ class ModelRef:
     path: Path | None = None
     hub_id: str | None = None
     truncate_layers: int | None = None  # set for NAME@layers=K
+    eagle3: bool = False  # an EAGLE-3 draft head at path / hub_id (eagle3:PATH)
 
 
 def resolve(name: str) -> ModelRef:
     """Turn a model name into a ModelRef, or raise a ModelError that lists the aliases."""
     name = name.strip()
+    if name.startswith(EAGLE3_PREFIX):
+        return _resolve_eagle3(name)
     match = _LAYERS.match(name)
     if match:
         base = resolve(match["base"])
@@ -145,11 +150,29 @@ def resolve(name: str) -> ModelRef:
     )
 
 
+def _resolve_eagle3(name: str) -> ModelRef:
+    source = name[len(EAGLE3_PREFIX):]
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return ModelRef(name, path=path, eagle3=True)
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", source) and not path.exists():
+        return ModelRef(name, hub_id=source, eagle3=True)
+    raise ModelError(
+        f"EAGLE-3 head {source!r} is not a directory or a hub id",
+        "write eagle3:DIR (config.json + model.safetensors or pytorch_model.bin) or eagle3:org/name",
+    )
+
+
 def parse_pair(pair: str) -> tuple[str, str]:
-    """``DRAFTER:TARGET`` → (drafter, target). A lone name is a target without a drafter."""
+    """``DRAFTER:TARGET`` → (drafter, target). A lone name is a target without a drafter.
+
+    The target is the part after the last colon, so a drafter may itself hold one (``eagle3:PATH``).
+    """
     if ":" not in pair:
         return "", pair
     drafter, _, target = pair.rpartition(":") if pair.count(":") > 1 else pair.partition(":")
     if not target:
         raise ModelError(f"pair {pair!r} has no target", "write the pair as DRAFTER:TARGET")
+    if drafter + ":" == EAGLE3_PREFIX:
+        raise ModelError(f"pair {pair!r} names an EAGLE-3 head but no target", "write the pair as eagle3:PATH:TARGET")
     return drafter, target

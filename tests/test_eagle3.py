@@ -1,0 +1,248 @@
+"""EAGLE-3 heads as tree drafters: exactness, the draft-vocabulary map, the checkpoint layout, clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import random_prompt, reference_greedy, speculative
+from transformers import DynamicCache, LlamaConfig
+
+from treegraft_cli.config import DecodeConfig, TreeConfig
+from treegraft_cli.drafters import Eagle3Drafter, make_model_drafter
+from treegraft_cli.errors import ModelError
+from treegraft_cli.lm import CausalLM, additive_mask
+from treegraft_cli.models import LoadedModel, load_model, load_pair, parse_pair, resolve
+from treegraft_cli.models.eagle3 import aux_hidden_indices, save_eagle3_head
+from treegraft_cli.models.eagle3_head import Eagle3Head
+from treegraft_cli.tree import ORIGIN_MODEL, DraftTree
+
+DRAFT_VOCAB = 64
+
+
+@pytest.fixture(scope="module")
+def target() -> LoadedModel:
+    return load_model("tiny-random", dtype="fp32")
+
+
+def head_config(target: LoadedModel, **overrides) -> LlamaConfig:
+    """An EAGLE-3-shaped config (as in published checkpoints) sized for the tiny target."""
+    text = target.model.config
+    values = dict(
+        architectures=["LlamaForCausalLMEagle3"],
+        hidden_size=text.hidden_size,
+        intermediate_size=2 * text.hidden_size,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=1,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=4096,
+        vocab_size=text.vocab_size,
+        draft_vocab_size=DRAFT_VOCAB,
+    )
+    values.update(overrides)
+    return LlamaConfig(**values)
+
+
+def random_head(target: LoadedModel, seed: int = 0, **overrides) -> Eagle3Head:
+    """Random weights and a random reduced draft vocabulary; embeddings borrowed from the target."""
+    config = head_config(target, **overrides)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        head = Eagle3Head(config, target.model.get_input_embeddings())
+        draft = config.draft_vocab_size
+        ids = torch.randperm(config.vocab_size)[:draft].sort().values
+    head.d2t.copy_(ids - torch.arange(draft))
+    head.t2d[ids] = True
+    return head.eval()
+
+
+def as_pair(head: Eagle3Head, target: LoadedModel) -> tuple[LoadedModel, LoadedModel]:
+    return LoadedModel("eagle3:random", head, target.tokenizer), target
+
+
+def reference_root_logits(head: Eagle3Head, target: LoadedModel, committed: torch.Tensor) -> torch.Tensor:
+    """Root logits recomputed from scratch: target states from ``output_hidden_states``, one causal head pass."""
+    with torch.no_grad():
+        out = target.model(committed[None, :-1], output_hidden_states=True)
+        indices = aux_hidden_indices(head.config, target.model.config.num_hidden_layers)
+        states = torch.cat([out.hidden_states[i][0] for i in indices], dim=-1)
+        n = committed.numel() - 1
+        visible = torch.ones(n, n, dtype=torch.bool).tril()
+        logits, _ = head(committed[1:], head.fuse(states), torch.arange(n), additive_mask(visible, head.dtype), DynamicCache(config=head.config))
+    full = torch.full((head.config.vocab_size,), float("-inf"))
+    full[head.draft_to_target] = logits[-1]
+    return full
+
+
+@pytest.mark.parametrize("method", ["chain", "dense"])
+@pytest.mark.parametrize("draft_vocab", [DRAFT_VOCAB, None])  # reduced, and the full target vocabulary
+def test_greedy_output_equals_plain_greedy(target, method, draft_vocab):
+    overrides = {} if draft_vocab else {"draft_vocab_size": target.model.config.vocab_size}
+    pair = as_pair(random_head(target, seed=1, **overrides), target)
+    prompt = random_prompt(seed=11)
+    config = DecodeConfig(method=method, tree=TreeConfig(budget=24, depth=4, top_k=4), max_new_tokens=40)
+    result = speculative(pair, config, prompt)
+    assert result.output_ids == reference_greedy(target, prompt, 40)
+    assert all(step.drafter_calls == {"eagle3": 4} for step in result.steps)
+
+
+def test_factory_gives_eagle3_drafter_and_turns_on_capture(target):
+    target_lm = CausalLM(target.model)
+    drafter = make_model_drafter(CausalLM(random_head(target)), target_lm)
+    assert isinstance(drafter, Eagle3Drafter)
+    assert target_lm.capture_indices == (2, 2, 1)  # L=4: inputs of layers 2, L//2, L-3
+
+
+def test_aux_layer_ids_from_config(target):
+    config = head_config(target, eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 2]})
+    assert aux_hidden_indices(config, 4) == (1, 2, 3)
+    with pytest.raises(ModelError, match="layers"):
+        aux_hidden_indices(head_config(target, eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 7]}), 4)
+
+
+def test_draft_ids_map_to_target_ids(target):
+    head = random_head(target, seed=2)
+    chosen = 17
+    head.lm_head = torch.nn.Linear(head.config.hidden_size, DRAFT_VOCAB)  # draft id 17 wins everywhere
+    with torch.no_grad():
+        head.lm_head.weight.zero_()
+        head.lm_head.bias.copy_(torch.nn.functional.one_hot(torch.tensor(chosen), DRAFT_VOCAB).float())
+    drafter = Eagle3Drafter(CausalLM(head), CausalLM(target.model))
+    drafter.target.forward(random_prompt(3, length=10))
+    drafter.reset()
+    logits = drafter.begin_step(torch.cat([random_prompt(3, length=10), torch.tensor([5])]))
+    mapped = torch.nonzero(head.t2d).flatten()
+    assert logits.shape == (target.model.config.vocab_size,)
+    assert int(logits.argmax()) == chosen + int(head.d2t[chosen]) == int(mapped[chosen])
+    assert torch.isinf(logits[~head.t2d]).all() and torch.isfinite(logits[head.t2d]).all()
+
+
+def test_accepted_path_states_feed_the_next_root(target):
+    """After a commit of a 2-node path, the root logits equal a from-scratch recompute (states and positions right)."""
+    head = random_head(target, seed=3, eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 2]})
+    target_lm = CausalLM(target.model)
+    drafter = Eagle3Drafter(CausalLM(head), target_lm)
+    prompt = random_prompt(4, length=12)
+    target_lm.forward(prompt)
+    drafter.reset()
+    committed = torch.cat([prompt, torch.tensor([7])])
+    root_logits = drafter.begin_step(committed)
+    assert torch.allclose(root_logits, reference_root_logits(head, target, committed), atol=1e-4)
+    tree = DraftTree.from_root(7)
+    children = tree.add_children(torch.zeros(3, dtype=torch.long), root_logits.topk(3).indices, torch.zeros(3), ORIGIN_MODEL)
+    grandchildren_logits = drafter.forward_nodes(tree, children)
+    tree.add_children(children, grandchildren_logits.argmax(dim=-1), torch.zeros(3), ORIGIN_MODEL)
+    prefix = target_lm.cache_length
+    target_lm.forward_tree(tree.tokens, tree.depths, tree.ancestor_mask())
+    path = torch.tensor([2, 5])  # second child and its child: accepted as if the target agreed
+    target_lm.commit(prefix + torch.cat([torch.zeros(1, dtype=torch.long), path]), prefix)
+    drafter.commit(tree, path)
+    committed = torch.cat([committed, tree.tokens[path], torch.tensor([9])])
+    assert torch.allclose(drafter.begin_step(committed), reference_root_logits(head, target, committed), atol=1e-4)
+
+
+def test_nodes_whose_parents_were_not_forwarded_are_forwarded_depth_first(target):
+    head = random_head(target, seed=4)
+    prompt = random_prompt(5, length=9)
+    results = []
+    for stepwise in (True, False):
+        target_lm = CausalLM(target.model)
+        drafter = Eagle3Drafter(CausalLM(head), target_lm)
+        target_lm.forward(prompt)
+        drafter.reset()
+        drafter.begin_step(torch.cat([prompt, torch.tensor([3])]))
+        tree = DraftTree.from_root(3)
+        child = tree.add_children(torch.tensor([0]), torch.tensor([40]), torch.zeros(1), ORIGIN_MODEL)
+        leaf = tree.add_children(child, torch.tensor([41]), torch.zeros(1), ORIGIN_MODEL)
+        if stepwise:
+            drafter.forward_nodes(tree, child)
+        results.append(drafter.forward_nodes(tree, leaf))
+        assert drafter.calls == 3 and int(tree.kv_slot[leaf]) == prompt.numel() + 1
+    assert torch.allclose(results[0], results[1], atol=1e-5)
+
+
+@pytest.mark.parametrize("weights", ["model.safetensors", "pytorch_model.bin"])
+def test_checkpoint_directory_loads_back_identically(target, tmp_path, weights):
+    head = random_head(target, seed=5)
+    save_eagle3_head(head, tmp_path)
+    if weights == "pytorch_model.bin":
+        from safetensors.torch import load_file
+
+        torch.save(load_file(str(tmp_path / "model.safetensors")), tmp_path / weights)
+        (tmp_path / "model.safetensors").unlink()
+    drafter, loaded_target = load_pair(f"eagle3:{tmp_path}:tiny-random", dtype="fp32")
+    assert isinstance(drafter.model, Eagle3Head) and drafter.tokenizer is loaded_target.tokenizer
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]
+    original, loaded = head.checkpoint_state(), drafter.model.checkpoint_state()
+    assert original.keys() == loaded.keys() and "embed_tokens.weight" not in loaded
+    assert all(torch.equal(original[k], loaded[k]) for k in original)
+    prompt = random_prompt(6)
+    config = DecodeConfig(method="dense", max_new_tokens=24)
+    expected = speculative(as_pair(head, target), config, prompt)
+    result = speculative((drafter, loaded_target), config, prompt)
+    assert result.output_ids == expected.output_ids
+    assert [s.accepted_length for s in result.steps] == [s.accepted_length for s in expected.steps]
+
+
+def _write_head(target, directory, mutate=None, **overrides):
+    head = random_head(target, **overrides)
+    if mutate:
+        mutate(head)
+    save_eagle3_head(head, directory)
+    return f"eagle3:{directory}:tiny-random"
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        ({"target_hidden_size": 32}, "hidden size is 64"),
+        ({"vocab_size": 300}, "300 tokens, the target has 259"),
+        ({"hidden_size": 32, "target_hidden_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1}, "no embeddings"),
+        ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 9]}}, "4 layers"),
+    ],
+)
+def test_head_that_does_not_fit_the_target_is_refused(target, tmp_path, overrides, match):
+    if "vocab_size" in overrides or "hidden_size" in overrides:
+        head = Eagle3Head(head_config(target, **overrides))  # own embeddings of the wrong shape
+        save_eagle3_head(head, tmp_path)
+        if "hidden_size" in overrides:  # a head that relies on the target's embeddings
+            state = head.checkpoint_state()
+            state.pop("embed_tokens.weight")
+            from safetensors.torch import save_file
+
+            save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "model.safetensors"))
+        pair = f"eagle3:{tmp_path}:tiny-random"
+    else:
+        pair = _write_head(target, tmp_path, **overrides)
+    with pytest.raises(ModelError, match=match) as caught:
+        load_pair(pair, dtype="fp32")
+    assert caught.value.hint
+
+
+def test_draft_ids_outside_the_target_vocabulary_are_refused(target, tmp_path):
+    def corrupt(head):
+        head.d2t[-1] = 10_000
+
+    with pytest.raises(ModelError, match="d2t maps draft id 63") as caught:
+        load_pair(_write_head(target, tmp_path, mutate=corrupt), dtype="fp32")
+    assert "trained for this target" in caught.value.hint
+
+
+def test_pair_syntax():
+    assert parse_pair("eagle3:/heads/llama:llama-3.1-8b") == ("eagle3:/heads/llama", "llama-3.1-8b")
+    assert parse_pair("eagle3:yuhuili/EAGLE3-LLaMA3.1-Instruct-8B:llama-3.1-8b") == (
+        "eagle3:yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+        "llama-3.1-8b",
+    )
+    assert parse_pair("tiny-random-drafter:tiny-random") == ("tiny-random-drafter", "tiny-random")
+    with pytest.raises(ModelError, match="no target"):
+        parse_pair("eagle3:/heads/llama")
+    ref = resolve("eagle3:yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")
+    assert ref.eagle3 and ref.hub_id == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+    with pytest.raises(ModelError, match="not a directory or a hub id"):
+        resolve("eagle3:./no/such/dir")
+    with pytest.raises(ModelError, match="draft head"):
+        load_model("eagle3:org/head")
