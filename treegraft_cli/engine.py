@@ -22,9 +22,15 @@ class StepStats:
     accepted_length: int  # τ: accepted draft nodes + the bonus
     nodes_verified: int  # non-root nodes in the tree
     drafter_calls: dict[str, int]
-    draft_s: float
-    verify_s: float
-    host_s: float  # acceptance, KV commit, observation: everything but the two forwards
+    draft_s: float  # building the tree, drafter forwards included
+    verify_s: float  # the target's verification forward
+    host_s: float  # tree buffers, acceptance, KV commit, observation
+    drafter_forward_s: float = 0.0  # the part of draft_s spent inside drafter model forwards
+
+    @property
+    def host_overhead_s(self) -> float:
+        """Step time outside any model forward: what the Python and tensor bookkeeping costs."""
+        return self.draft_s - self.drafter_forward_s + self.host_s
 
 
 @dataclass
@@ -57,6 +63,7 @@ class Generation:
             "draft_s": sum(s.draft_s for s in self.steps),
             "verify_s": sum(s.verify_s for s in self.steps),
             "host_s": sum(s.host_s for s in self.steps),
+            "host_overhead_s": sum(s.host_overhead_s for s in self.steps),
         }
 
 
@@ -72,6 +79,9 @@ class SpeculativeDecoder:
         backend: VerifyBackend | None = None,
     ):
         self.target = target
+        self.drafter = drafter
+        if drafter is not None:
+            drafter.synchronize_timing = True
         self.config = config
         self.eos_token_ids = set(int(t) for t in eos_token_ids)
         vocab_size = target.model.config.vocab_size
@@ -124,7 +134,9 @@ class SpeculativeDecoder:
 
     def _step(self, committed: torch.Tensor, result: Generation) -> tuple[StepStats, torch.Tensor]:
         t0 = time.perf_counter()
+        drafter_before = self.drafter.forward_s if self.drafter is not None else 0.0
         tree = self.method.draft(committed)
+        drafter_forward_s = (self.drafter.forward_s if self.drafter is not None else 0.0) - drafter_before
         self._sync()
         t1 = time.perf_counter()
         ancestor_mask, _ = self.backend.tree_buffers(tree.parents[None])
@@ -150,6 +162,7 @@ class SpeculativeDecoder:
             draft_s=t1 - t0,
             verify_s=t2 - t1,
             host_s=t3 - t2,
+            drafter_forward_s=drafter_forward_s,
         )
         return stats, grown
 

@@ -12,6 +12,7 @@ layer-truncated drafter is not affected by the other's forwards.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+import time
 from contextlib import contextmanager
 
 import torch
@@ -40,6 +41,8 @@ class CausalLM:
         self.model = model
         self.cache = DynamicCache(config=model.config)
         self.forward_calls = 0
+        self.forward_s = 0.0  # wall time inside model forwards, for the draft / verify / host split
+        self.synchronize_timing = False  # on CUDA, sync after each forward so forward_s is device time
         self.capture_indices: tuple[int, ...] = ()
         self.last_hidden: torch.Tensor | None = None  # [n, len(capture_indices) * hidden] after a forward
 
@@ -84,6 +87,7 @@ class CausalLM:
         if position_ids is None:
             position_ids = torch.arange(start, start + n, device=self.device)
         attention_mask = None if visible is None else additive_mask(visible, self.dtype)
+        started = time.perf_counter()
         with self._capturing() as captured:
             out = self.model(
                 input_ids=input_ids[None],
@@ -94,6 +98,9 @@ class CausalLM:
             )
         if self.capture_indices:
             self.last_hidden = torch.cat([captured[i][0].to(self.device) for i in self.capture_indices], dim=-1)
+        if self.synchronize_timing and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.forward_s += time.perf_counter() - started
         self.forward_calls += 1
         return out.logits[0]
 
