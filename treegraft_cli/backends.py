@@ -1,15 +1,19 @@
 """Verification backends: where tree buffers, acceptance and KV commit run.
 
 The backend is chosen once when the engine is built. ``torch`` runs the reference implementations in
-``verify.py`` and ``CausalLM.commit``; the Triton kernels plug in behind the same four calls.
+``verify.py`` and ``lm.gather_rows``; ``triton`` runs the kernels in ``treegraft_cli.kernels`` behind the
+same four calls, so the engine never knows which one it has.
 """
 
 from __future__ import annotations
+
+import importlib
 
 import torch
 
 from . import verify
 from .errors import ConfigError
+from .kernels import triton_status
 from .lm import CausalLM
 
 
@@ -17,6 +21,9 @@ class VerifyBackend:
     """The torch reference backend; subclasses swap in kernels with identical signatures."""
 
     name = "torch"
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
 
     def tree_buffers(self, parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [batch, nodes]
         return verify.tree_buffers(parents)
@@ -31,13 +38,44 @@ class VerifyBackend:
         lm.commit(keep_positions, start)
 
 
-BACKENDS: dict[str, type[VerifyBackend]] = {"torch": VerifyBackend}
+class TritonBackend(VerifyBackend):
+    """The Triton kernels. Importable without triton; building one where it cannot run is a ConfigError."""
+
+    name = "triton"
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        super().__init__(device)
+        usable, why, fix = triton_status(self.device)
+        if not usable:
+            raise ConfigError(f"--kernels triton: {why}", fix)
+        # imported here, not at module load: the kernel modules need triton (and TRITON_INTERPRET set first)
+        load = importlib.import_module
+        self._tree_buffers = load("treegraft_cli.kernels.tree_buffers").tree_buffers
+        self._greedy = load("treegraft_cli.kernels.greedy").verify_greedy
+        self._sampling = load("treegraft_cli.kernels.sampling").verify_sampling
+        self._gather_rows = load("treegraft_cli.kernels.kv_commit").gather_rows
+
+    def tree_buffers(self, parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [batch, nodes]
+        return self._tree_buffers(parents)
+
+    def verify_greedy(self, logits, tokens, parents) -> verify.Verdict:
+        return self._greedy(logits, tokens, parents)
+
+    def verify_sampling(self, logits, tokens, parents, uniforms, temperature, top_k, top_p) -> verify.Verdict:
+        return self._sampling(logits, tokens, parents, uniforms, temperature, top_k, top_p)
+
+    def commit(self, lm: CausalLM, keep_positions: torch.Tensor, start: int) -> None:  # [m]
+        lm.commit(keep_positions, start, gather=self._gather_rows)
 
 
-def select_backend(kernels: str, device: torch.device) -> VerifyBackend:
-    """``auto`` takes Triton on CUDA when it is available, the torch reference elsewhere."""
+BACKENDS: dict[str, type[VerifyBackend]] = {"torch": VerifyBackend, "triton": TritonBackend}
+
+
+def select_backend(kernels: str, device: torch.device | str) -> VerifyBackend:
+    """``auto`` takes Triton on CUDA when triton is installed, the torch reference elsewhere."""
+    device = torch.device(device)
     if kernels == "auto":
-        kernels = "triton" if device.type == "cuda" and "triton" in BACKENDS else "torch"
+        kernels = "triton" if device.type == "cuda" and triton_status(device)[0] else "torch"
     if kernels not in BACKENDS:
-        raise ConfigError(f"kernel backend {kernels!r} is not available here", "use --kernels torch")
-    return BACKENDS[kernels]()
+        raise ConfigError(f"kernel backend {kernels!r} is not available here", "use --kernels auto, torch or triton")
+    return BACKENDS[kernels](device)

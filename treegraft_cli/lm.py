@@ -18,6 +18,21 @@ from contextlib import contextmanager
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+GatherRows = Callable[[Sequence[torch.Tensor], torch.Tensor, int], None]
+
+
+def gather_rows(
+    tensors: Sequence[torch.Tensor],  # each [batch, kv_heads, seq, head_dim]: keys and values of every layer
+    keep_positions: torch.Tensor,  # [m] ascending cache rows to keep
+    start: int,
+) -> None:
+    """In place: row ``keep_positions[j]`` moves to ``start + j`` in every tensor (torch reference, one gather each)."""
+    m = keep_positions.numel()
+    if m == 0:
+        return
+    for tensor in tensors:
+        tensor[..., start : start + m, :] = tensor.index_select(-2, keep_positions)
+
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # visible: [n, kv] bool
     """The ``[1, 1, n, kv]`` float mask attention adds to its scores: 0 where visible, -inf-like elsewhere."""
@@ -137,19 +152,20 @@ class CausalLM:
         return self.forward(tokens, prefix + depths, visible)
 
     @torch.no_grad()
-    def commit(self, keep_positions: torch.Tensor, start: int) -> None:
+    def commit(self, keep_positions: torch.Tensor, start: int, gather: GatherRows | None = None) -> None:
         """Move the cache rows at ``keep_positions`` ([m], ascending) to ``start..start+m`` and drop all rows after.
 
-        One gather per layer for keys and values: the accepted path becomes contiguous.
+        ``gather`` moves the rows of every layer's keys and values at once (module-level ``gather_rows``, or the
+        Triton kernel with the same signature); the crop after it only narrows views.
         """
-        m = keep_positions.numel()
-        end = start + m
-        for layer in self.cache.layers:
-            if not getattr(layer, "is_initialized", True) or layer.keys is None:
-                continue
-            if m:
-                layer.keys[..., start:end, :] = layer.keys.index_select(-2, keep_positions)
-                layer.values[..., start:end, :] = layer.values.index_select(-2, keep_positions)
+        layers = [
+            layer
+            for layer in self.cache.layers
+            if getattr(layer, "is_initialized", True) and layer.keys is not None
+        ]
+        (gather or gather_rows)([t for layer in layers for t in (layer.keys, layer.values)], keep_positions, start)
+        end = start + keep_positions.numel()
+        for layer in layers:
             layer.keys = layer.keys[..., :end, :]
             layer.values = layer.values[..., :end, :]
 

@@ -79,14 +79,30 @@ def accept_choices(
     return Verdict(path=path, num_accepted=num_accepted, bonus=bonus)
 
 
+def accept(
+    tokens: torch.Tensor,  # [batch, nodes]
+    parents: torch.Tensor,  # [batch, nodes]
+    choices: torch.Tensor,  # [batch, nodes] the target's token after each node
+) -> Verdict:
+    """``accept_choices`` with the tree buffers built from ``parents``."""
+    ancestor_mask, depths = tree_buffers(parents)
+    return accept_choices(tokens, parents, depths, ancestor_mask, choices)
+
+
+def argmax_choices(
+    logits: torch.Tensor,  # [batch, nodes, vocab]
+) -> torch.Tensor:  # [batch, nodes]
+    """The greedy choice at every node: the first index of the largest logit."""
+    return logits.argmax(dim=-1)
+
+
 def verify_greedy(
     logits: torch.Tensor,  # [batch, nodes, vocab] target logits at every node
     tokens: torch.Tensor,  # [batch, nodes]
     parents: torch.Tensor,  # [batch, nodes]
 ) -> Verdict:
     """Greedy acceptance: the target's choice at every node is its argmax."""
-    ancestor_mask, depths = tree_buffers(parents)
-    return accept_choices(tokens, parents, depths, ancestor_mask, logits.argmax(dim=-1))
+    return accept(tokens, parents, argmax_choices(logits))
 
 
 def process_logits(
@@ -121,6 +137,17 @@ def sample_from_probs(
     return index.clamp(max=probs.shape[-1] - 1)
 
 
+def sample_choices(
+    logits: torch.Tensor,  # [batch, nodes, vocab]
+    uniforms: torch.Tensor,  # [batch, nodes] in [0, 1)
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> torch.Tensor:  # [batch, nodes]
+    """The sampled choice at every node: inverse CDF of the processed target distribution at ``u``."""
+    return sample_from_probs(process_logits(logits, temperature, top_k, top_p), uniforms)
+
+
 def verify_sampling(
     logits: torch.Tensor,  # [batch, nodes, vocab]
     tokens: torch.Tensor,  # [batch, nodes]
@@ -131,7 +158,4 @@ def verify_sampling(
     top_p: float = 1.0,
 ) -> Verdict:
     """Exact tree rejection sampling for deterministic drafts (see the module docstring)."""
-    probs = process_logits(logits, temperature, top_k, top_p)
-    choices = sample_from_probs(probs, uniforms)
-    ancestor_mask, depths = tree_buffers(parents)
-    return accept_choices(tokens, parents, depths, ancestor_mask, choices)
+    return accept(tokens, parents, sample_choices(logits, uniforms, temperature, top_k, top_p))

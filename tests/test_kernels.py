@@ -1,0 +1,143 @@
+"""Every Triton kernel against its torch reference on random trees (interpreted on CPU in CI).
+
+Integer outputs must be equal exactly; the sampling cases are built so no float lands near a boundary
+(see ``kernel_cases``), which makes exact equality the right test there too.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kernel_cases import midpoint_uniforms, permuted_logits, random_parents, separated_top_p, tokens_against
+
+from treegraft_cli import lm, verify
+from treegraft_cli.kernels import triton_status
+
+if not triton_status(torch.device("cpu"))[0]:
+    pytest.skip("triton cannot run here (not installed, or TRITON_INTERPRET unset)", allow_module_level=True)
+
+from treegraft_cli.kernels import greedy, kv_commit, sampling, tree_buffers, walk  # noqa: E402
+
+SETTINGS = settings(max_examples=15, deadline=None, derandomize=True)
+shapes = st.tuples(st.integers(1, 3), st.integers(1, 32), st.sampled_from([64, 200, 512]), st.integers(0, 2**31 - 1))
+
+
+def assert_same_verdict(got: verify.Verdict, want: verify.Verdict) -> None:
+    assert torch.equal(got.path, want.path)
+    assert torch.equal(got.num_accepted, want.num_accepted)
+    assert torch.equal(got.bonus, want.bonus)
+
+
+@SETTINGS
+@given(batch=st.integers(1, 3), n=st.integers(1, 32), seed=st.integers(0, 2**31 - 1), shuffled=st.booleans())
+def test_tree_buffers(batch, n, seed, shuffled):
+    generator = torch.Generator().manual_seed(seed)
+    parents = random_parents(generator, batch, n)
+    if shuffled and n > 1:
+        # any node order: relabel non-root nodes at random, the reference does not need parents first
+        relabel = torch.cat([torch.zeros(1, dtype=torch.long), torch.randperm(n - 1, generator=generator) + 1])
+        parents = torch.where(parents >= 0, relabel[parents.clamp(min=0)], -1)
+        parents = torch.empty_like(parents).scatter_(1, relabel.expand(batch, n), parents)
+    mask, depths = tree_buffers.tree_buffers(parents)
+    want_mask, want_depths = verify.tree_buffers(parents)
+    assert torch.equal(mask, want_mask)
+    assert torch.equal(depths, want_depths)
+
+
+@SETTINGS
+@given(shape=shapes)
+def test_accept_walk(shape):
+    batch, n, vocab, seed = shape
+    generator = torch.Generator().manual_seed(seed)
+    parents = random_parents(generator, batch, n)
+    choices = torch.randint(0, vocab, (batch, n), generator=generator)
+    tokens = tokens_against(generator, parents, choices, vocab)
+    assert_same_verdict(walk.accept(tokens, parents, choices), verify.accept(tokens, parents, choices))
+
+
+@SETTINGS
+@given(shape=shapes, dtype=st.sampled_from([torch.float32, torch.bfloat16]))
+def test_greedy(shape, dtype):
+    batch, n, vocab, seed = shape
+    generator = torch.Generator().manual_seed(seed)
+    # small integers: many tied maxima, which must resolve to the first index as in torch
+    logits = torch.randint(-4, 4, (batch, n, vocab), generator=generator).to(dtype)
+    choices = verify.argmax_choices(logits)
+    assert torch.equal(greedy.argmax_choices(logits), choices)
+    parents = random_parents(generator, batch, n)
+    tokens = tokens_against(generator, parents, choices, vocab)
+    assert_same_verdict(greedy.verify_greedy(logits, tokens, parents), verify.verify_greedy(logits, tokens, parents))
+
+
+def test_greedy_across_vocab_blocks():
+    """A vocabulary wider than one block: the maximum in a later block, and a tie across blocks."""
+    logits = torch.zeros(1, 2, 9000)
+    logits[0, 0, 8500] = 3.0
+    logits[0, 1, [100, 5000]] = 2.0
+    assert greedy.argmax_choices(logits).tolist() == [[8500, 100]]
+
+
+@SETTINGS
+@given(
+    shape=shapes,
+    temperature=st.sampled_from([0.5, 1.0, 1.7]),
+    top_k=st.sampled_from([0, 1, 5, 40]),
+    top_p_at=st.sampled_from([None, 0.1, 0.5, 0.9]),
+)
+def test_sampling(shape, temperature, top_k, top_p_at):
+    batch, n, vocab, seed = shape
+    generator = torch.Generator().manual_seed(seed)
+    logits = permuted_logits(generator, batch, n, vocab, scale=3.0)
+    top_p = 1.0 if top_p_at is None else separated_top_p(logits[0, 0], temperature, top_k, top_p_at)
+    uniforms = midpoint_uniforms(generator, verify.process_logits(logits, temperature, top_k, top_p))
+    choices = verify.sample_choices(logits, uniforms, temperature, top_k, top_p)
+    assert torch.equal(sampling.sample_choices(logits, uniforms, temperature, top_k, top_p), choices)
+    parents = random_parents(generator, batch, n)
+    tokens = tokens_against(generator, parents, choices, vocab)
+    got = sampling.verify_sampling(logits, tokens, parents, uniforms, temperature, top_k, top_p)
+    assert_same_verdict(got, verify.verify_sampling(logits, tokens, parents, uniforms, temperature, top_k, top_p))
+
+
+def test_sampling_across_vocab_blocks():
+    """Two vocabulary blocks with top-k and top-p: the cut and the sample cross block edges."""
+    generator = torch.Generator().manual_seed(0)
+    logits = permuted_logits(generator, 1, 3, 6000, scale=4.0)
+    top_p = separated_top_p(logits[0, 0], 0.8, 300, 0.6)
+    uniforms = midpoint_uniforms(generator, verify.process_logits(logits, 0.8, 300, top_p))
+    want = verify.sample_choices(logits, uniforms, 0.8, 300, top_p)
+    assert torch.equal(sampling.sample_choices(logits, uniforms, 0.8, 300, top_p), want)
+
+
+@SETTINGS
+@given(
+    layers=st.integers(1, 3),
+    heads=st.integers(1, 3),
+    head_dim=st.sampled_from([4, 16, 24]),
+    prefix=st.integers(0, 12),
+    n=st.integers(1, 20),
+    seed=st.integers(0, 2**31 - 1),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+)
+def test_kv_commit(layers, heads, head_dim, prefix, n, seed, dtype):
+    generator = torch.Generator().manual_seed(seed)
+    seq = prefix + n
+    caches = [torch.randn(1, heads, seq, head_dim, generator=generator).to(dtype) for _ in range(2 * layers)]
+    kept = torch.rand(n, generator=generator) < 0.5
+    kept[0] = True  # the root row always stays
+    keep = prefix + torch.nonzero(kept).flatten()
+    want = [c.clone() for c in caches]
+    lm.gather_rows(want, keep, prefix)
+    kv_commit.gather_rows(caches, keep, prefix)
+    assert all(torch.equal(c, w) for c, w in zip(caches, want, strict=True))
+
+
+def test_kv_commit_mixed_shapes_fall_back():
+    """Layers of different lengths (sliding-window caches) take the per-layer reference path."""
+    caches = [torch.randn(1, 2, 10, 8), torch.randn(1, 2, 12, 8)]
+    want = [c.clone() for c in caches]
+    keep = torch.tensor([5, 7, 9])
+    lm.gather_rows(want, keep, 5)
+    kv_commit.gather_rows(caches, keep, 5)
+    assert all(torch.equal(c, w) for c, w in zip(caches, want, strict=True))
