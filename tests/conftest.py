@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
-
-from treegraft_cli.config import DecodeConfig
-from treegraft_cli.engine import SpeculativeDecoder
-from treegraft_cli.lm import CausalLM
-from treegraft_cli.models import LoadedModel, load_pair
-
+# before anything imports triton: its JIT reads the switch when a kernel is decorated
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from treegraft_cli.config import DecodeConfig  # noqa: E402
+from treegraft_cli.engine import SpeculativeDecoder  # noqa: E402
+from treegraft_cli.lm import CausalLM  # noqa: E402
+from treegraft_cli.models import LoadedModel, load_pair  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -6,9 +6,10 @@ import triton
 
 from . import interpreting
 
-# Elements one program holds in registers per tile. Small vocabularies pack many rows into a tile, which
-# on GPU fills the warps and under the interpreter keeps the number of (sequential) programs small.
-TILE_ELEMENTS = 4096
+# Elements one program holds per tile. Small vocabularies pack many rows into a tile, which on GPU fills
+# the warps. The interpreter runs programs one after another and pays per operation, not per element, so
+# it gets much bigger tiles.
+TILE_ELEMENTS = 65536 if interpreting() else 4096
 
 
 def vocab_tiling(rows: int, vocab: int) -> tuple[int, int]:
