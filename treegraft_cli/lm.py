@@ -11,8 +11,8 @@ layer-truncated drafter is not affected by the other's forwards.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
 import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
