@@ -8,6 +8,7 @@ import typer
 
 from ..errors import TreegraftError
 from . import console
+from .bench import bench
 from .generate import generate
 from .models_cmd import app as models_app
 
@@ -19,6 +20,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.command()(generate)
+app.command()(bench)
 app.add_typer(models_app, name="models")
 
 # Commands whose issues have not landed yet: they say so and exit non-zero instead of faking output.
@@ -27,7 +29,6 @@ PENDING = {
     "collect": ("offline value rollouts for the TreeGraft scheduler", "issue #6 (profile, collect, distill)"),
     "distill": ("fit the scheduler MLP to collected rollouts", "issue #6 (profile, collect, distill)"),
     "tune": ("Optuna search over tree budget, thresholds and call budget", "issue #8 (bench and tune)"),
-    "bench": ("methods side by side on the benchmark suites", "issue #8 (bench and tune)"),
 }
 
 

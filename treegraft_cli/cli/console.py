@@ -13,7 +13,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 stdout = Console(highlight=False)
-stderr = Console(stderr=True, highlight=False)
+stderr = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)  # logs keep wide tables whole
 
 
 def error(message: str, hint: str = "") -> None:
@@ -73,3 +73,45 @@ def task_progress(description: str, total: int) -> Iterator[Any]:
             bar.update(task, advance=n, description=description or bar.tasks[0].description)
 
         yield advance
+
+
+@contextmanager
+def counter_progress() -> Iterator[Any]:
+    """A progress bar driven by ``update(description, done, total)`` calls (the core's progress protocol)."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeRemainingColumn(), console=stderr, transient=True) as bar:
+        task = bar.add_task("starting", total=1)
+
+        def update(description: str, done: int, total: int) -> None:
+            bar.update(task, description=description, completed=done, total=total)
+
+        yield update
+
+
+def _verdict(method: dict[str, Any]) -> str:
+    if method["lossless"] is None:
+        return "n/a (sampling)"
+    if not method["lossless"]:
+        return f"[bold red]NO[/] ({method['mismatches']} mismatch)"
+    return f"yes ({method['ties']} ties)" if method["ties"] else "yes"
+
+
+def bench_report(results: dict[str, Any]) -> None:
+    """The bench tables on stderr: one row per method, then speedup and τ per benchmark."""
+    rows = []
+    for name, m in results["methods"].items():
+        split = m["time_split"]
+        busy = sum(split.values()) or 1.0
+        shares = "/".join(f"{100 * split.get(k, 0.0) / busy:.0f}" for k in ("draft_s", "verify_s", "host_s"))
+        accept = "/".join(f"{a:.2f}" for a in m["acceptance_by_depth"][:4]) or "-"
+        calls = " ".join(f"{k}={v:.1f}" for k, v in m["drafter_calls_per_step"].items()) or "-"
+        rows.append((name, m["kind"], m["tokens_per_s"], f"{m['speedup']:.2f}x", m["tau"], accept, calls, shares,
+                     f"{m['peak_memory_mb']:.0f}", _verdict(m)))
+    table(f"bench {results.get('pair', '')} ({results['num_questions']} questions, {results['max_new_tokens']} new tokens, "
+          f"{results.get('dtype', '')})",
+          ["method", "kind", "tok/s", "speedup", "τ", "accept@d1..4", "drafter calls/step", "draft/verify/host %",
+           "peak MB", "lossless"], rows)
+    benchmarks = results["benchmarks"]
+    per = [(name, *(f"{m['per_benchmark'][b]['speedup']:.2f}x τ{m['per_benchmark'][b]['tau']:.2f}" for b in benchmarks))
+           for name, m in results["methods"].items()]
+    table("speedup and τ per benchmark", ["method", *benchmarks], per)

@@ -1,0 +1,105 @@
+"""Benchmark suites: the six prompt files in ``../shared/data`` (or ``$TREEGRAFT_DATA``), and any FastChat file.
+
+A prompt file holds one JSON object a line, ``{"question_id", "category", "turns": [str, ...]}``.
+Multi-turn questions (MT-Bench) are decoded as one conversation: turn 2 sees turn 1 and its answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import ConfigError
+
+BENCHMARKS = ("mt_bench", "gsm8k", "humaneval", "alpaca", "cnn_dm", "qa")
+QUICK_PROMPTS = 2  # prompts per benchmark in the `quick` suite
+DATA_ENV = "TREEGRAFT_DATA"
+
+
+@dataclass(frozen=True)
+class Question:
+    """One benchmark question: a conversation of user turns."""
+
+    benchmark: str
+    question_id: int | str
+    category: str
+    turns: tuple[str, ...]
+
+
+def data_dir() -> Path:
+    """``$TREEGRAFT_DATA``, else the nearest ``shared/data`` at or above the repository root (``../shared/data``
+    for a clone beside shared/); a clear error if missing."""
+    override = os.environ.get(DATA_ENV)
+    if override:
+        path = Path(override).expanduser()
+    else:
+        root = Path(__file__).resolve().parents[2]
+        candidates = [parent / "shared" / "data" for parent in (root, *root.parents)]
+        path = next((c for c in candidates if c.is_dir()), root.parent / "shared" / "data")
+    if not path.is_dir():
+        raise ConfigError(
+            f"benchmark data directory {path} does not exist",
+            f"set {DATA_ENV}=/path/to/data (the six FastChat .jsonl files), or pass --prompts FILE.jsonl",
+        )
+    return path
+
+
+def load_questions(path: Path, benchmark: str | None = None, limit: int | None = None) -> list[Question]:
+    """Read a FastChat question file; every line needs ``question_id`` and a non-empty ``turns`` list."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"prompt file {path} does not exist", "pass an existing FastChat .jsonl question file")
+    name = benchmark or path.stem
+    questions = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{path}:{number}: not JSON ({error.msg})", "one JSON object a line (FastChat format)") from None
+        turns = record.get("turns") if isinstance(record, dict) else None
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+            raise ConfigError(f"{path}:{number}: field 'turns' must be a non-empty list of strings",
+                              'write {"question_id": ..., "turns": ["user message", ...]}')
+        if "question_id" not in record:
+            raise ConfigError(f"{path}:{number}: field 'question_id' is missing", "give every question an id")
+        questions.append(Question(name, record["question_id"], str(record.get("category", "")), tuple(turns)))
+        if limit is not None and len(questions) >= limit:
+            break
+    if not questions:
+        raise ConfigError(f"prompt file {path} holds no questions", "one JSON object a line (FastChat format)")
+    return questions
+
+
+def suite_questions(
+    suite: str = "quick", prompt_files: Sequence[Path] = (), num_prompts: int | None = None
+) -> list[Question]:
+    """The questions of a suite: ``quick`` (QUICK_PROMPTS per benchmark), ``full`` (all), or ``NAME,NAME``.
+
+    ``prompt_files`` replace the suite. ``num_prompts`` caps the questions taken from each file.
+    """
+    if num_prompts is not None and num_prompts < 1:
+        raise ConfigError(f"--num-prompts {num_prompts} < 1", "pass --num-prompts 1 or more")
+    if prompt_files:
+        return [q for path in prompt_files for q in load_questions(Path(path), limit=num_prompts)]
+    names = suite_benchmarks(suite)
+    limit = num_prompts if num_prompts is not None else (QUICK_PROMPTS if suite == "quick" else None)
+    root = data_dir()
+    return [q for name in names for q in load_questions(root / f"{name}.jsonl", name, limit)]
+
+
+def suite_benchmarks(suite: str) -> list[str]:
+    if suite in ("quick", "full"):
+        return list(BENCHMARKS)
+    names = [n.strip() for n in suite.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown or not names:
+        raise ConfigError(
+            f"unknown suite or benchmark {', '.join(unknown) or repr(suite)}",
+            f"use quick, full, or a comma list of: {', '.join(BENCHMARKS)}",
+        )
+    return names

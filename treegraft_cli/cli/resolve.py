@@ -1,0 +1,53 @@
+"""Pair, profile and CLI overrides → the settings of one run (shared by bench and tune)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ..config import DecodeConfig
+from ..pipeline import DEFAULT_PAIR
+from ..profiles import Profile, decode_config_from_mapping, load_profile, profile_for_pair
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    pair: str
+    dtype: str
+    device: str
+    config: DecodeConfig
+    method_options: Mapping[str, Mapping[str, Any]]
+    profile_name: str | None
+
+
+def resolve_run(
+    pair: str | None,
+    profile_name: str | None,
+    dtype: str | None,
+    device: str | None,
+    max_new_tokens: int | None,
+    temperature: float | None,
+    budget: int | None,
+    depth: int | None,
+    tree_top_k: int | None,
+) -> RunSettings:
+    """Explicit options win over the profile (``--profile``, else the bundled profile of ``--pair``), which wins over defaults."""
+    profile: Profile | None = load_profile(profile_name) if profile_name else profile_for_pair(pair or DEFAULT_PAIR)
+    values = dataclasses.asdict(profile.decode) if profile else {}
+    values.pop("method_options", None)
+    tree = dict(values.get("tree", {}))
+    tree.update({k: v for k, v in (("budget", budget), ("depth", depth), ("top_k", tree_top_k)) if v is not None})
+    values["tree"] = tree
+    if temperature is not None:
+        values["sampling"] = {**values.get("sampling", {}), "temperature": temperature}
+    if max_new_tokens is not None:
+        values["max_new_tokens"] = max_new_tokens
+    return RunSettings(
+        pair=pair or (profile.pair if profile else DEFAULT_PAIR),
+        dtype=dtype or (profile.dtype if profile else "bf16"),
+        device=device or (profile.device if profile else "cpu"),
+        config=decode_config_from_mapping(values, "settings"),
+        method_options=dict(profile.method_options) if profile else {},
+        profile_name=profile.name if profile else None,
+    )

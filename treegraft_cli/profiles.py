@@ -1,0 +1,199 @@
+"""YAML profiles: a pair plus the decoding settings (and per-method options) that suit it.
+
+A profile file (``profiles/NAME.yaml``)::
+
+    name: qwen3-8b-qwen3-235b          # optional, defaults to the file name
+    pair: qwen3-8b:qwen3-235b          # DRAFTER:TARGET
+    description: ...
+    dtype: bf16                        # bf16 | fp16 | fp32
+    device: auto                       # cpu | cuda | auto
+    decode:                            # DecodeConfig fields; tree and sampling are nested
+      method: treegraft
+      max_new_tokens: 256
+      tree: {budget: 63, depth: 5, top_k: 10}
+      sampling: {temperature: 0.0}
+    method_options:                    # per method: that method's own option names
+      treegraft: {lookback: 5, call_budget: 5}
+    cost: {...}                        # optional: measured costs (free-form mapping)
+    tuned: {...}                       # optional: provenance written by `treegraft tune`
+
+Profiles are validated on load; an error names the file and the field. ``decode_config_from_mapping``
+is the one way a DecodeConfig is built from plain data: profiles, the bench CLI and the tuner all use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from .config import DecodeConfig, SamplingConfig, TreeConfig, from_mapping
+from .errors import ConfigError
+from .models.load import DTYPES
+
+PROFILES_ENV = "TREEGRAFT_PROFILES"
+TOP_LEVEL = ("name", "pair", "description", "dtype", "device", "decode", "method_options", "cost", "tuned")
+DEVICES = ("cpu", "cuda", "auto")
+NESTED = {"tree": TreeConfig, "sampling": SamplingConfig}
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    pair: str
+    decode: DecodeConfig
+    method_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    dtype: str = "bf16"
+    device: str = "cpu"
+    description: str = ""
+    cost: Mapping[str, Any] = field(default_factory=dict)
+    tuned: Mapping[str, Any] = field(default_factory=dict)
+    source: str = ""
+
+    def config_for(self, method: str) -> DecodeConfig:
+        """The profile's settings for ``method``, with that method's options."""
+        return replace(self.decode, method=method, method_options=dict(self.method_options.get(method, {})))
+
+
+def profiles_dir() -> Path:
+    """``$TREEGRAFT_PROFILES``, else ``profiles/`` at the repository root (an editable install keeps it)."""
+    override = os.environ.get(PROFILES_ENV)
+    return Path(override).expanduser() if override else Path(__file__).resolve().parents[1] / "profiles"
+
+
+def profile_names() -> list[str]:
+    root = profiles_dir()
+    return sorted(p.stem for p in root.glob("*.yaml")) if root.is_dir() else []
+
+
+def _check_type(value: Any, annotation: Any, where: str) -> None:
+    expected = {int: "an integer", float: "a number", str: "a string"}.get(annotation)
+    if expected is None:
+        return
+    ok = isinstance(value, annotation) if annotation is not float else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok:
+        raise ConfigError(f"{where} must be {expected} (got {value!r})", f"fix {where.split(': ')[-1]} in the profile")
+
+
+def _typed(cls: type, values: Any, where: str) -> Any:
+    """``from_mapping(cls, values)`` after checking each value's type; errors name ``where.field``."""
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{where} must be a mapping (got {values!r})", f"write {where.split(': ')[-1]} as key: value lines")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key, value in values.items():
+        if key in known and key not in NESTED:
+            _check_type(value, hints[key], f"{where}.{key}")
+    try:
+        return from_mapping(cls, values, where)
+    except ConfigError as error:
+        if error.message.startswith(where):
+            raise
+        raise ConfigError(f"{where}: {error.message}", error.hint) from None
+
+
+def decode_config_from_mapping(values: Mapping[str, Any] | None, where: str = "decode") -> DecodeConfig:
+    """A DecodeConfig from plain data (nested ``tree`` / ``sampling`` mappings), validated field by field."""
+    values = dict(values or {})
+    for key, cls in NESTED.items():
+        if key in values:
+            values[key] = _typed(cls, values[key], f"{where}.{key}")
+    if "method_options" in values and not isinstance(values["method_options"], Mapping):
+        raise ConfigError(f"{where}.method_options must be a mapping", "write the method's options as key: value lines")
+    return _typed(DecodeConfig, values, where)
+
+
+def profile_from_mapping(document: Any, source: str = "profile", default_name: str = "") -> Profile:
+    """Validate a parsed profile document; every error names ``source`` and the field."""
+    if not isinstance(document, Mapping):
+        raise ConfigError(f"{source}: a profile must be a mapping of fields", f"fields are: {', '.join(TOP_LEVEL)}")
+    unknown = sorted(set(document) - set(TOP_LEVEL))
+    if unknown:
+        raise ConfigError(f"{source}: unknown field(s) {', '.join(map(str, unknown))}", f"fields are: {', '.join(TOP_LEVEL)}")
+    for key in ("name", "pair", "description", "dtype", "device"):
+        if key in document:
+            _check_type(document[key], str, f"{source}: {key}")
+    if not document.get("pair"):
+        raise ConfigError(f"{source}: field 'pair' is missing", "add pair: DRAFTER:TARGET")
+    dtype = document.get("dtype", "bf16")
+    if dtype not in DTYPES:
+        raise ConfigError(f"{source}: dtype {dtype!r} is not one of {', '.join(DTYPES)}", "fix dtype in the profile")
+    device = document.get("device", "cpu")
+    if device not in DEVICES and not str(device).startswith("cuda:"):
+        raise ConfigError(f"{source}: device {device!r} is not one of {', '.join(DEVICES)}", "fix device in the profile")
+    decode = decode_config_from_mapping(document.get("decode"), f"{source}: decode")
+    options = document.get("method_options") or {}
+    if not isinstance(options, Mapping) or not all(isinstance(v, Mapping) for v in options.values()):
+        raise ConfigError(f"{source}: method_options must map each method name to a mapping of its options",
+                          "write method_options: {METHOD: {option: value}}")
+    for key in ("cost", "tuned"):
+        if not isinstance(document.get(key) or {}, Mapping):
+            raise ConfigError(f"{source}: {key} must be a mapping", f"write {key} as key: value lines")
+    return Profile(
+        name=document.get("name") or default_name,
+        pair=document["pair"],
+        decode=decode,
+        method_options={str(k): dict(v) for k, v in options.items()},
+        dtype=dtype,
+        device=device,
+        description=document.get("description", ""),
+        cost=dict(document.get("cost") or {}),
+        tuned=dict(document.get("tuned") or {}),
+        source=source,
+    )
+
+
+def load_profile_file(path: Path) -> Profile:
+    path = Path(path)
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"profile {path} does not exist", "pass an existing YAML file or a name from profiles/") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML ({str(error).splitlines()[0]})", "fix the YAML syntax") from None
+    return profile_from_mapping(document, str(path), path.stem)
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A profile by file path, or by name from ``profiles/``; an unknown name lists the bundled ones."""
+    path = Path(name_or_path).expanduser()
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        return load_profile_file(path)
+    candidate = profiles_dir() / f"{name_or_path}.yaml"
+    if candidate.is_file():
+        return load_profile_file(candidate)
+    raise ConfigError(f"unknown profile {name_or_path!r}", f"use a YAML path or one of: {', '.join(profile_names()) or '(none found)'}")
+
+
+def profile_for_pair(pair: str) -> Profile | None:
+    """The bundled profile for exactly this pair, if any (first by name)."""
+    for name in profile_names():
+        profile = load_profile_file(profiles_dir() / f"{name}.yaml")
+        if profile.pair == pair:
+            return profile
+    return None
+
+
+def profile_document(profile: Profile) -> dict[str, Any]:
+    """The YAML document of a profile (what ``profile_from_mapping`` reads back)."""
+    decode = dataclasses.asdict(profile.decode)
+    decode.pop("method_options")
+    document: dict[str, Any] = {"name": profile.name, "pair": profile.pair}
+    if profile.description:
+        document["description"] = profile.description
+    document.update({"dtype": profile.dtype, "device": profile.device, "decode": decode,
+                     "method_options": {k: dict(v) for k, v in profile.method_options.items()}})
+    if profile.cost:
+        document["cost"] = dict(profile.cost)
+    if profile.tuned:
+        document["tuned"] = dict(profile.tuned)
+    return document
+
+
+def dump_profile(profile: Profile) -> str:
+    return yaml.safe_dump(profile_document(profile), sort_keys=False, default_flow_style=None)
