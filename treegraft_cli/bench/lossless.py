@@ -11,8 +11,8 @@ see different histories and are not compared (status ``after-tie``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -38,7 +38,7 @@ class TurnCheck:
 
 def first_divergence(reference: Sequence[int], candidate: Sequence[int]) -> int | None:
     """Index of the first differing token, or None when the two are identical."""
-    for i, (a, b) in enumerate(zip(reference, candidate)):
+    for i, (a, b) in enumerate(zip(reference, candidate, strict=False)):
         if a != b:
             return i
     return None if len(reference) == len(candidate) else min(len(reference), len(candidate))

@@ -34,8 +34,9 @@ import tempfile
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import torch
 import transformers

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import resource
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -96,7 +97,7 @@ def check_question(
     pipeline: Pipeline, reference: QuestionRecord, candidate: QuestionRecord, tolerance: float
 ) -> None:
     """Set each candidate turn's lossless verdict against the reference (greedy only)."""
-    for ref, turn in zip(reference.turns, candidate.turns):
+    for ref, turn in zip(reference.turns, candidate.turns, strict=True):
         if not torch.equal(ref.prompt_ids, turn.prompt_ids):
             turn.check = TurnCheck(AFTER_TIE)
             continue
@@ -135,7 +136,7 @@ def run_bench(
     report("checking losslessness", done, total)
     reference = records[0]
     for record in records:
-        for ref, candidate in zip(reference.questions, record.questions):
+        for ref, candidate in zip(reference.questions, record.questions, strict=True):
             if record is reference:
                 for turn in candidate.turns:
                     turn.check = TurnCheck(EXACT if record.config.sampling.greedy else UNCHECKED)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -29,22 +29,22 @@ QUICK_MAX_NEW_TOKENS = 64  # the quick suite's default: about 10 minutes on 2 CP
 
 
 def bench(
-    pair: Annotated[Optional[str], typer.Option("--pair", help="DRAFTER:TARGET; a bundled profile for it supplies settings.")] = None,
-    profile: Annotated[Optional[str], typer.Option("--profile", help="Profile name (profiles/NAME.yaml) or YAML path.")] = None,
-    methods: Annotated[Optional[str], typer.Option("--methods", help="Comma list of methods and peers (default: all the pair can run).")] = None,
+    pair: Annotated[str | None, typer.Option("--pair", help="DRAFTER:TARGET; a bundled profile for it supplies settings.")] = None,
+    profile: Annotated[str | None, typer.Option("--profile", help="Profile name (profiles/NAME.yaml) or YAML path.")] = None,
+    methods: Annotated[str | None, typer.Option("--methods", help="Comma list of methods and peers (default: all the pair can run).")] = None,
     suite: Annotated[str, typer.Option("--suite", help=f"quick | full | comma list of {', '.join(BENCHMARKS)}.")] = "quick",
-    prompts: Annotated[Optional[list[Path]], typer.Option("--prompts", help="FastChat question file(s); replace --suite.")] = None,
-    num_prompts: Annotated[Optional[int], typer.Option("--num-prompts", help="Questions per benchmark file.")] = None,
-    max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help=f"Tokens per turn (quick: {QUICK_MAX_NEW_TOKENS}).")] = None,
-    temperature: Annotated[Optional[float], typer.Option("--temperature", "-t", help="0 is greedy (lossless is checked only then).")] = None,
-    budget: Annotated[Optional[int], typer.Option("--budget", "-N", help="Tree budget override.")] = None,
-    depth: Annotated[Optional[int], typer.Option("--depth", "-D", help="Tree depth override.")] = None,
-    tree_top_k: Annotated[Optional[int], typer.Option("--tree-top-k", "-K", help="Frontier width override.")] = None,
-    dtype: Annotated[Optional[str], typer.Option("--dtype", help="bf16 | fp16 | fp32 (default: profile's, else bf16).")] = None,
-    device: Annotated[Optional[str], typer.Option("--device", help="cpu | cuda | auto (default: profile's, else cpu).")] = None,
+    prompts: Annotated[list[Path] | None, typer.Option("--prompts", help="FastChat question file(s); replace --suite.")] = None,
+    num_prompts: Annotated[int | None, typer.Option("--num-prompts", help="Questions per benchmark file.")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", "-n", help=f"Tokens per turn (quick: {QUICK_MAX_NEW_TOKENS}).")] = None,
+    temperature: Annotated[float | None, typer.Option("--temperature", "-t", help="0 is greedy (lossless is checked only then).")] = None,
+    budget: Annotated[int | None, typer.Option("--budget", "-N", help="Tree budget override.")] = None,
+    depth: Annotated[int | None, typer.Option("--depth", "-D", help="Tree depth override.")] = None,
+    tree_top_k: Annotated[int | None, typer.Option("--tree-top-k", "-K", help="Frontier width override.")] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help="bf16 | fp16 | fp32 (default: profile's, else bf16).")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="cpu | cuda | auto (default: profile's, else cpu).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("runs/bench"),
-    tie_tolerance: Annotated[Optional[float], typer.Option("--tie-tolerance", help="Top-2 logit gap still a tie (default per dtype: fp32 0, bf16 0.5, fp16 0.125).")] = None,
-    baseline: Annotated[Optional[Path], typer.Option("--check-against", help="Baseline results.json: exit 1 on a regression.")] = None,
+    tie_tolerance: Annotated[float | None, typer.Option("--tie-tolerance", help="Top-2 logit gap still a tie (default per dtype: fp32 0, bf16 0.5, fp16 0.125).")] = None,
+    baseline: Annotated[Path | None, typer.Option("--check-against", help="Baseline results.json: exit 1 on a regression.")] = None,
     tolerance: Annotated[float, typer.Option("--tolerance", help="Allowed fractional drop in speedup and τ vs the baseline.")] = 0.1,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write speedup.png and tau.png.")] = True,
 ) -> None:
