@@ -1,0 +1,70 @@
+"""`treegraft tune`: Optuna search over a method's space; writes the best configuration as a profile."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..bench.suites import BENCHMARKS, suite_questions
+from ..pipeline import Pipeline
+from ..tune import TuneSettings, best_trial, completed, export_profile, load_space, run_tune
+from ..tune.plots import write_study_plot
+from . import console
+from .resolve import resolve_run
+
+
+def tune(
+    pair: Annotated[str | None, typer.Option("--pair", help="DRAFTER:TARGET (default: the local default pair).")] = None,
+    method: Annotated[str, typer.Option("--method", "-m", help="Method to tune; its space is tuning/METHOD.yaml.")] = "dense",
+    trials: Annotated[int, typer.Option("--trials", help="Trials to run now (added to the study).")] = 20,
+    storage: Annotated[str | None, typer.Option("--storage", help="Optuna storage URL (default sqlite:///runs/tune/STUDY.db).")] = None,
+    study: Annotated[str | None, typer.Option("--study", help="Study name (default: PAIR--METHOD).")] = None,
+    suite: Annotated[str, typer.Option("--suite", help=f"quick | full | comma list of {', '.join(BENCHMARKS)}.")] = "quick",
+    prompts: Annotated[list[Path] | None, typer.Option("--prompts", help="FastChat question file(s); replace --suite.")] = None,
+    num_prompts: Annotated[int, typer.Option("--num-prompts", help="Tuning questions per benchmark file.")] = 1,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens per turn.")] = 64,
+    dtype: Annotated[str | None, typer.Option("--dtype", help="bf16 | fp16 | fp32.")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="cpu | cuda | auto.")] = None,
+    space: Annotated[Path | None, typer.Option("--space", help="Search-space YAML (default tuning/METHOD.yaml).")] = None,
+    memory: Annotated[bool, typer.Option("--memory/--no-memory", help="Second objective: peak memory (Pareto front).")] = False,
+    seed: Annotated[int, typer.Option("--seed", help="TPE sampler seed.")] = 0,
+    out: Annotated[Path | None, typer.Option("--out", help="Profile YAML to write (default runs/tune/STUDY.yaml).")] = None,
+) -> None:
+    """Search tree budget, depth, top-k and the method's options for the best speedup over ar."""
+    search = load_space(method, space)
+    run = resolve_run(pair, None, dtype, device, max_new_tokens, 0.0, None, None, None)
+    name = study or re.sub(r"[^\w.-]+", "_", f"{run.pair}--{method}")
+    out = out or Path("runs/tune") / f"{name}.yaml"
+    if storage is None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        storage = f"sqlite:///{out.with_suffix('.db')}"
+    base = run.config.__class__(**{**run.config.__dict__, "method": method,
+                                   "method_options": dict(run.method_options.get(method, {}))})
+    settings = TuneSettings(run.pair, run.dtype, run.device, base, trials, storage, name, seed, memory)
+    questions = suite_questions(suite, prompts or (), num_prompts)
+    with console.fetch_progress() as progress:
+        pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress)
+    with console.counter_progress() as update:
+        update("timing ar", 0, trials)
+
+        def on_trial(number: int, value: float | None, done: int, total: int) -> None:
+            shown = "pruned" if value is None else f"{value:.3f}x"
+            update(f"trial {number}: {shown}", done, total)
+
+        result = run_tune(pipeline, search, settings, questions, on_trial)
+    profile = export_profile(result, search, settings, out)
+    plot = write_study_plot(result, out.with_suffix(".png"))
+    best = best_trial(result)
+    rows = sorted(completed(result), key=lambda t: -t.values[0])[:10]
+    console.table(f"study {name} ({len(result.trials)} trials, {storage})", ["trial", "speedup", *search_keys(search)],
+                  [(t.number, t.values[0], *(t.params.get(k, "-") for k in search_keys(search))) for t in rows])
+    console.json_line({"profile": str(out), "plot": str(plot), "study": name, "storage": storage, "best_trial": best.number,
+                       "speedup": best.values[0], "params": best.params, "trials": len(result.trials),
+                       "pair": profile.pair, "method": method})
+
+
+def search_keys(search) -> list[str]:
+    return [p.key for p in search.params]

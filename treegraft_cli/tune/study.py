@@ -1,0 +1,196 @@
+"""The Optuna study behind ``treegraft tune``: seeded TPE over a search space, objective = speedup over ``ar``.
+
+* ``ar`` is timed once per process on the tuning questions (after a warm-up), so every trial is
+  compared with the same baseline measured on this machine.
+* Each trial reports its running speedup after every question; a median pruner stops bad trials
+  early (single-objective only: Optuna cannot prune multi-objective trials).
+* ``memory=True`` adds a second objective, peak memory in MiB (minimised), and the study keeps a
+  Pareto front. On CPU the memory figure is the process's peak RSS, which never goes down; use it on GPU.
+* Storage is any URL Optuna accepts: ``sqlite:///file.db`` (default) or an RDB URL shared by many
+  workers. Studies resume: re-running adds trials; the space's defaults are enqueued only once.
+* A configuration the method rejects (ConfigError) is pruned with the reason as a user attribute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+
+from ..bench.contenders import build_contender
+from ..bench.results import atomic_write_text
+from ..bench.runner import peak_memory_bytes, reset_peak_memory, run_conversation_turns
+from ..bench.suites import Question
+from ..config import DecodeConfig
+from ..errors import ConfigError
+from ..pipeline import Pipeline
+from ..profiles import Profile, dump_profile
+from .space import SearchSpace, apply
+
+# (trial number, value or None when pruned/failed, done, total)
+TrialProgress = Callable[[int, float | None, int, int], None]
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    pair: str
+    dtype: str
+    device: str
+    base: DecodeConfig  # method_options of the tuned method included
+    trials: int
+    storage: str
+    study_name: str
+    seed: int = 0
+    memory: bool = False  # second objective: peak memory (MiB), minimised
+
+
+@dataclass(frozen=True)
+class Timing:
+    tokens: int
+    seconds: float
+
+
+def open_study(settings: TuneSettings, space: SearchSpace) -> optuna.Study:
+    """Create or resume the study; enqueue the space's defaults when the study has no trials yet."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    directions = ["maximize", "minimize"] if settings.memory else ["maximize"]
+    pruner = optuna.pruners.NopPruner() if settings.memory else optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
+    try:
+        study = optuna.create_study(
+            storage=settings.storage, study_name=settings.study_name, directions=directions, load_if_exists=True,
+            sampler=optuna.samplers.TPESampler(seed=settings.seed), pruner=pruner,
+        )
+    except (ValueError, ImportError, optuna.exceptions.StorageInternalError) as error:
+        raise ConfigError(f"cannot open study storage {settings.storage}: {error}",
+                          "use sqlite:///path/to/file.db or an RDB URL SQLAlchemy accepts") from None
+    if len(study.directions) != len(directions):
+        raise ConfigError(f"study {settings.study_name!r} has {len(study.directions)} objective(s), this run wants {len(directions)}",
+                          "use the same --memory setting as the study's first run, or another --study name")
+    if space.defaults and not study.trials:
+        study.enqueue_trial(dict(space.defaults), skip_if_exists=True)
+    study.set_user_attr("method", space.method)
+    study.set_user_attr("pair", settings.pair)
+    return study
+
+
+def time_questions(pipeline: Pipeline, contender, questions: Sequence[Question],
+                   after_each: Callable[[int, Timing], None] | None = None) -> list[Timing]:
+    """Run each question (all its turns) and time it; ``after_each(i, cumulative)`` may raise to stop."""
+    timings, tokens, seconds = [], 0, 0.0
+    for i, question in enumerate(questions):
+        turns = run_conversation_turns(pipeline, contender, question)
+        timing = Timing(sum(t.generation.new_tokens for t in turns), sum(t.generation.wall_s for t in turns))
+        timings.append(timing)
+        tokens, seconds = tokens + timing.tokens, seconds + timing.seconds
+        if after_each is not None:
+            after_each(i, Timing(tokens, seconds))
+    return timings
+
+
+def measure_baseline(pipeline: Pipeline, base: DecodeConfig, questions: Sequence[Question], warmup_tokens: int = 8) -> list[Timing]:
+    """``ar`` on the tuning questions, after a short warm-up."""
+    config = dataclasses.replace(base, method="ar", method_options={})
+    build_contender(pipeline, dataclasses.replace(config, max_new_tokens=warmup_tokens)).generate(
+        pipeline.encode_chat([{"role": "user", "content": questions[0].turns[0]}])
+    )
+    return time_questions(pipeline, build_contender(pipeline, config), questions)
+
+
+def _rate(timing: Timing) -> float:
+    return timing.tokens / timing.seconds if timing.seconds > 0 else 0.0
+
+
+def make_objective(pipeline: Pipeline, space: SearchSpace, settings: TuneSettings, questions: Sequence[Question],
+                   baseline: Sequence[Timing]):
+    cumulative = []
+    tokens, seconds = 0, 0.0
+    for timing in baseline:
+        tokens, seconds = tokens + timing.tokens, seconds + timing.seconds
+        cumulative.append(Timing(tokens, seconds))
+
+    def objective(trial: optuna.Trial):
+        try:
+            config = apply(settings.base, space.method, space.suggest(trial))
+            contender = build_contender(pipeline, config)
+        except ConfigError as error:
+            trial.set_user_attr("rejected", str(error))
+            raise optuna.TrialPruned(str(error)) from None
+        reset_peak_memory(pipeline.device)
+        per_question: list[float] = []
+
+        def after_each(i: int, so_far: Timing) -> None:
+            speedup = _rate(so_far) / _rate(cumulative[i]) if _rate(cumulative[i]) else 0.0
+            per_question.append(speedup)
+            trial.set_user_attr("speedup_by_question", per_question)
+            if not settings.memory:
+                trial.report(speedup, i)
+                if trial.should_prune():
+                    raise optuna.TrialPruned(f"speedup {speedup:.3f} after {i + 1} question(s)")
+
+        time_questions(pipeline, contender, questions, after_each)
+        speedup = per_question[-1]
+        memory_mb = peak_memory_bytes(pipeline.device) / 2**20
+        trial.set_user_attr("peak_memory_mb", memory_mb)
+        return (speedup, memory_mb) if settings.memory else speedup
+
+    return objective
+
+
+def run_tune(pipeline: Pipeline, space: SearchSpace, settings: TuneSettings, questions: Sequence[Question],
+             progress: TrialProgress | None = None) -> optuna.Study:
+    """Open (or resume) the study and run ``settings.trials`` more trials."""
+    if settings.trials < 1:
+        raise ConfigError(f"--trials {settings.trials} < 1", "pass --trials 1 or more")
+    study = open_study(settings, space)
+    baseline = measure_baseline(pipeline, settings.base, questions)
+    objective = make_objective(pipeline, space, settings, questions, baseline)
+    done = 0
+
+    def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            value = trial.values[0] if trial.values else None
+            progress(trial.number, value, done, settings.trials)
+
+    study.optimize(objective, n_trials=settings.trials, callbacks=[callback], catch=())
+    return study
+
+
+def completed(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+
+
+def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial:
+    """The best trial: highest speedup (for two objectives: highest speedup on the Pareto front)."""
+    trials = study.best_trials if len(study.directions) > 1 else completed(study)
+    if not trials:
+        raise ConfigError(f"study {study.study_name!r} has no completed trial", "run more --trials")
+    return max(trials, key=lambda t: t.values[0])
+
+
+def export_profile(study: optuna.Study, space: SearchSpace, settings: TuneSettings, out: Path) -> Profile:
+    """Write the best configuration as a profile YAML (atomically) and return it."""
+    best = best_trial(study)
+    config = apply(settings.base, space.method, space.resolve(best.params))
+    pareto = []
+    if len(study.directions) > 1:
+        pareto = [{"trial": t.number, "speedup": t.values[0], "peak_memory_mb": t.values[1]} for t in study.best_trials]
+    profile = Profile(
+        name=Path(out).stem,
+        pair=settings.pair,
+        decode=dataclasses.replace(config, method_options={}),
+        method_options={space.method: dict(config.method_options)},
+        dtype=settings.dtype,
+        device=settings.device,
+        description=f"tuned by `treegraft tune` ({space.method}, study {study.study_name})",
+        tuned={"study": study.study_name, "trial": best.number, "speedup": best.values[0], "trials": len(study.trials),
+               "space": space.source, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+               **({"pareto": pareto} if pareto else {})},
+    )
+    atomic_write_text(Path(out), dump_profile(profile))
+    return profile
