@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Annotated
@@ -41,8 +42,7 @@ def tune(
     if storage is None:
         out.parent.mkdir(parents=True, exist_ok=True)
         storage = f"sqlite:///{out.with_suffix('.db')}"
-    base = run.config.__class__(**{**run.config.__dict__, "method": method,
-                                   "method_options": dict(run.method_options.get(method, {}))})
+    base = dataclasses.replace(run.config, method=method, method_options=dict(run.method_options.get(method, {})))
     settings = TuneSettings(run.pair, run.dtype, run.device, base, trials, storage, name, seed, memory)
     questions = suite_questions(suite, prompts or (), num_prompts)
     with console.fetch_progress() as progress:
