@@ -15,7 +15,7 @@ from treegraft_cli.errors import ConfigError
 
 PAIR = "tiny-random@layers=2:tiny-random"
 METHOD_KEYS = {"kind", "config", "speedup", "tau", "tokens_per_s", "new_tokens", "wall_s", "steps", "lossless", "ties",
-               "mismatches", "after_tie", "acceptance_by_depth", "drafter_calls_per_step", "time_split",
+               "mismatches", "after_divergence", "acceptance_by_depth", "drafter_calls_per_step", "time_split",
                "peak_memory_mb", "per_benchmark"}
 
 

@@ -5,8 +5,8 @@ differently from a one-token forward, so a correct method can part from ``ar`` w
 best tokens are nearly tied. At the first divergence of a turn we run the target once over the prompt
 plus the common prefix and look at its top-2 logits there: when both diverging tokens are the top two
 and their logit gap is under the tie tolerance, the divergence is a *tie* (reported, still lossless);
-anything else is a *mismatch* (not lossless). Later turns of a conversation whose earlier turn tied
-see different histories and are not compared (status ``after-tie``).
+anything else is a *mismatch* (not lossless). Later turns of a conversation whose earlier turn diverged
+see different histories and are not compared (status ``after-divergence``).
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ import torch
 # bf16 keeps 8 mantissa bits: at |logit| in [16, 32) one step is 0.125, so 0.5 is four rounding steps.
 TIE_TOLERANCE = {"fp32": 0.0, "bf16": 0.5, "fp16": 0.125}
 
-EXACT, TIE, MISMATCH, AFTER_TIE, UNCHECKED = "exact", "tie", "mismatch", "after-tie", "unchecked"
+EXACT, TIE, MISMATCH, AFTER_DIVERGENCE, UNCHECKED = "exact", "tie", "mismatch", "after-divergence", "unchecked"
 
 
 @dataclass(frozen=True)
 class TurnCheck:
     """The verdict on one turn's output against the reference (``ar``)."""
 
-    status: str  # exact | tie | mismatch | after-tie | unchecked
+    status: str  # exact | tie | mismatch | after-divergence | unchecked
     position: int | None = None  # index of the first differing new token
     gap: float | None = None  # target's top-1 minus top-2 logit there
 

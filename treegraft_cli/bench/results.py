@@ -14,7 +14,7 @@
         tokens_per_s    new tokens / wall seconds, over all turns
         new_tokens, wall_s, steps
         lossless        true | false | null (sampling)
-        ties, mismatches, after_tie   turn counts by verdict (see bench/lossless.py)
+        ties, mismatches, after_divergence   turn counts by verdict (see bench/lossless.py)
         acceptance_by_depth  [a_1, a_2, ...]: share of steps that accepted at least d draft tokens
         drafter_calls_per_step  {drafter: calls / steps}
         time_split      {prefill_s, draft_s, verify_s, host_s} summed over turns
@@ -43,7 +43,7 @@ import transformers
 
 from .. import __version__
 from ..engine import StepStats
-from .lossless import AFTER_TIE, MISMATCH, TIE, UNCHECKED
+from .lossless import AFTER_DIVERGENCE, MISMATCH, TIE, UNCHECKED
 from .runner import BASELINE, ContenderRecord, TurnRecord
 
 SCHEMA = "treegraft.bench/1"
@@ -89,7 +89,7 @@ def _aggregate(turns: list[TurnRecord], depth: int, greedy: bool) -> dict[str, A
         "lossless": (MISMATCH not in statuses) if greedy else None,
         "ties": statuses.count(TIE),
         "mismatches": statuses.count(MISMATCH),
-        "after_tie": statuses.count(AFTER_TIE),
+        "after_divergence": statuses.count(AFTER_DIVERGENCE),
         "acceptance_by_depth": acceptance_by_depth(steps, depth),
     }
 

@@ -13,8 +13,8 @@ import torch
 from ..config import DecodeConfig
 from ..engine import Generation
 from ..pipeline import Pipeline, chat_messages
-from .contenders import build_contender, check_names, needs_drafter
-from .lossless import AFTER_TIE, EXACT, UNCHECKED, TurnCheck, check_turn
+from .contenders import PEERS, build_contender, check_names, contender_names, needs_drafter
+from .lossless import AFTER_DIVERGENCE, EXACT, UNCHECKED, TurnCheck, check_turn
 from .suites import Question
 
 BASELINE = "ar"
@@ -58,11 +58,9 @@ def plan_configs(
     return [replace(base, method=name, method_options=dict(options.get(name, {}))) for name in names]
 
 
-def default_methods(has_drafter: bool) -> list[str]:
-    """Every registered method and peer the pair can run (methods needing a drafter need a pair)."""
-    from .contenders import contender_names
-
-    return [n for n in contender_names() if has_drafter or not needs_drafter(n)]
+def default_methods(has_drafter: bool, greedy: bool = True) -> list[str]:
+    """Every registered method and peer this run can use: drafter methods need a pair, peers run greedy only."""
+    return [n for n in contender_names() if (has_drafter or not needs_drafter(n)) and (greedy or n not in PEERS)]
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -99,7 +97,7 @@ def check_question(
     """Set each candidate turn's lossless verdict against the reference (greedy only)."""
     for ref, turn in zip(reference.turns, candidate.turns, strict=True):
         if not torch.equal(ref.prompt_ids, turn.prompt_ids):
-            turn.check = TurnCheck(AFTER_TIE)
+            turn.check = TurnCheck(AFTER_DIVERGENCE)
             continue
         turn.check = check_turn(pipeline.target.model, turn.prompt_ids, ref.generation.output_ids,
                                 turn.generation.output_ids, tolerance)

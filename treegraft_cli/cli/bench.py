@@ -55,7 +55,7 @@ def bench(
     reference = load_baseline(baseline) if baseline else None
     with console.fetch_progress() as progress:
         pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress)
-    names = [m.strip() for m in methods.split(",") if m.strip()] if methods else default_methods(pipeline.drafter is not None)
+    names = [m.strip() for m in methods.split(",") if m.strip()] if methods else default_methods(pipeline.drafter is not None, run.config.sampling.greedy)
     configs = plan_configs(run.config, names, run.method_options)
     tolerance_ties = TIE_TOLERANCE[run.dtype] if tie_tolerance is None else tie_tolerance
     with console.counter_progress() as update:
