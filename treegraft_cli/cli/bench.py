@@ -17,6 +17,7 @@ from ..bench import (
     summary,
     write_outputs,
 )
+from ..bench.contenders import check_names
 from ..bench.lossless import TIE_TOLERANCE
 from ..bench.plots import write_plots
 from ..bench.results import build_results
@@ -53,9 +54,12 @@ def bench(
     run = resolve_run(pair, profile, dtype, device, max_new_tokens or default_tokens, temperature, budget, depth, tree_top_k)
     questions = suite_questions(suite, prompts or (), num_prompts)
     reference = load_baseline(baseline) if baseline else None
+    chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
+    if chosen:
+        check_names(chosen)  # before the models load
     with console.fetch_progress() as progress:
         pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress)
-    names = [m.strip() for m in methods.split(",") if m.strip()] if methods else default_methods(pipeline.drafter is not None, run.config.sampling.greedy)
+    names = chosen or default_methods(pipeline.drafter is not None, run.config.sampling.greedy)
     configs = plan_configs(run.config, names, run.method_options)
     tolerance_ties = TIE_TOLERANCE[run.dtype] if tie_tolerance is None else tie_tolerance
     with console.counter_progress() as update:

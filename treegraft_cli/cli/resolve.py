@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import DecodeConfig
+from ..models.load import parse_dtype
 from ..pipeline import DEFAULT_PAIR
 from ..profiles import Profile, decode_config_from_mapping, load_profile, profile_for_pair
 
@@ -44,9 +45,11 @@ def resolve_run(
         values["sampling"] = {**values.get("sampling", {}), "temperature": temperature}
     if max_new_tokens is not None:
         values["max_new_tokens"] = max_new_tokens
+    chosen_dtype = dtype or (profile.dtype if profile else "bf16")
+    parse_dtype(chosen_dtype)  # an unknown dtype fails here, naming the valid ones
     return RunSettings(
         pair=pair or (profile.pair if profile else DEFAULT_PAIR),
-        dtype=dtype or (profile.dtype if profile else "bf16"),
+        dtype=chosen_dtype,
         device=device or (profile.device if profile else "cpu"),
         config=decode_config_from_mapping(values, "settings"),
         method_options=dict(profile.method_options) if profile else {},
