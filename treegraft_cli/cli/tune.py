@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from ..bench.contenders import check_names
 from ..bench.suites import BENCHMARKS, suite_questions
 from ..pipeline import Pipeline
 from ..tune import TuneSettings, best_trial, completed, export_profile, load_space, run_tune
@@ -35,6 +36,7 @@ def tune(
     out: Annotated[Path | None, typer.Option("--out", help="Profile YAML to write (default runs/tune/STUDY.yaml).")] = None,
 ) -> None:
     """Search tree budget, depth, top-k and the method's options for the best speedup over ar."""
+    check_names([method])  # an unregistered method fails here, naming the registered ones
     search = load_space(method, space)
     run = resolve_run(pair, None, dtype, device, max_new_tokens, 0.0, None, None, None)
     name = study or re.sub(r"[^\w.-]+", "_", f"{run.pair}--{method}")
@@ -59,8 +61,10 @@ def tune(
     plot = write_study_plot(result, out.with_suffix(".png"))
     best = best_trial(result)
     rows = sorted(completed(result), key=lambda t: -t.values[0])[:10]
-    console.table(f"study {name} ({len(result.trials)} trials, {storage})", ["trial", "speedup", *search_keys(search)],
-                  [(t.number, t.values[0], *(t.params.get(k, "-") for k in search_keys(search))) for t in rows])
+    console.table(f"study {name} ({len(result.trials)} trials, {storage})",
+                  ["trial", "speedup", "peak MB", *search_keys(search)],
+                  [(t.number, t.values[0], f"{t.user_attrs.get('peak_memory_mb', 0):.0f}",
+                    *(t.params.get(k, "-") for k in search_keys(search))) for t in rows])
     console.json_line({"profile": str(out), "plot": str(plot), "study": name, "storage": storage, "best_trial": best.number,
                        "speedup": best.values[0], "params": best.params, "trials": len(result.trials),
                        "pair": profile.pair, "method": method})
