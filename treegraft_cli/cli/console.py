@@ -102,14 +102,14 @@ def bench_report(results: dict[str, Any]) -> None:
     for name, m in results["methods"].items():
         split = m["time_split"]
         busy = sum(split.values()) or 1.0
-        shares = "/".join(f"{100 * split.get(k, 0.0) / busy:.0f}" for k in ("draft_s", "verify_s", "host_s"))
+        shares = "/".join(f"{100 * split.get(k, 0.0) / busy:.0f}" for k in ("prefill_s", "draft_s", "verify_s", "host_s"))
         accept = "/".join(f"{a:.2f}" for a in m["acceptance_by_depth"][:4]) or "-"
         calls = " ".join(f"{k}={v:.1f}" for k, v in m["drafter_calls_per_step"].items()) or "-"
         rows.append((name, m["kind"], m["tokens_per_s"], f"{m['speedup']:.2f}x", m["tau"], accept, calls, shares,
                      f"{m['peak_memory_mb']:.0f}", _verdict(m)))
     table(f"bench {results.get('pair', '')} ({results['num_questions']} questions, {results['max_new_tokens']} new tokens, "
           f"{results.get('dtype', '')})",
-          ["method", "kind", "tok/s", "speedup", "τ", "accept@d1..4", "drafter calls/step", "draft/verify/host %",
+          ["method", "kind", "tok/s", "speedup", "τ", "accept@d1..4", "drafter calls/step", "prefill/draft/verify/host %",
            "peak MB", "lossless"], rows)
     benchmarks = results["benchmarks"]
     per = [(name, *(f"{m['per_benchmark'][b]['speedup']:.2f}x τ{m['per_benchmark'][b]['tau']:.2f}" for b in benchmarks))
