@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers import PreTrainedModel
 
 from ..config import DecodeConfig
 from ..engine import Generation, StepStats
@@ -35,6 +36,12 @@ class Peer:
     needs_drafter: bool
     generate_kwargs: Callable[[Pipeline], dict[str, Any]]
 
+    def usable(self, pipeline: Pipeline) -> bool:
+        """transformers can only assist with a drafter that is a generating model (not an EAGLE-3 head)."""
+        if not self.needs_drafter:
+            return True
+        return pipeline.drafter is not None and isinstance(pipeline.drafter.model, PreTrainedModel)
+
 
 PEERS: Mapping[str, Peer] = {
     "hf-assisted": Peer(
@@ -49,12 +56,6 @@ PEERS: Mapping[str, Peer] = {
 def contender_names() -> list[str]:
     """Every name ``--methods`` accepts: the registered methods, then the peers."""
     return method_names() + sorted(PEERS)
-
-
-def needs_drafter(name: str) -> bool:
-    if name in PEERS:
-        return PEERS[name].needs_drafter
-    return METHODS[name].needs_drafter
 
 
 def check_names(names: list[str]) -> None:
@@ -96,8 +97,8 @@ class PeerContender:
 
     def __init__(self, pipeline: Pipeline, name: str, config: DecodeConfig):
         peer = PEERS[name]
-        if peer.needs_drafter and pipeline.drafter is None:
-            raise ConfigError(f"peer {name!r} needs a model drafter", "pass --pair DRAFTER:TARGET")
+        if not peer.usable(pipeline):
+            raise ConfigError(f"peer {name!r} needs a drafter that is a causal LM", "pass --pair DRAFTER:TARGET with a small LM drafter")
         if not config.sampling.greedy:
             raise ConfigError(f"peer {name!r} is benchmarked greedy only", "use --temperature 0, or drop it from --methods")
         self.name = name
@@ -194,6 +195,7 @@ class PeerContender:
                     draft_s=drafter_each * calls,
                     verify_s=log.target_s[i],
                     host_s=host_each,
+                    drafter_forward_s=drafter_each * calls,  # peers: all draft time is drafter forwards
                 )
             )
 

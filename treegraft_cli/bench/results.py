@@ -17,7 +17,8 @@
         ties, mismatches, after_divergence   turn counts by verdict (see bench/lossless.py)
         acceptance_by_depth  [a_1, a_2, ...]: share of steps that accepted at least d draft tokens
         drafter_calls_per_step  {drafter: calls / steps}
-        time_split      {prefill_s, draft_s, verify_s, host_s} summed over turns
+        time_split      {prefill_s, draft_s, verify_s, host_s} summed over turns, plus host_overhead_s
+                        (step time outside any model forward; overlaps draft_s and host_s)
         peak_memory_mb  CUDA peak allocated (reset per contender); CPU: process peak RSS so far
         per_benchmark: {BENCHMARK: {speedup, tau, tokens_per_s, new_tokens, wall_s, steps, lossless,
                                     ties, mismatches, acceptance_by_depth}}

@@ -12,8 +12,9 @@ import torch
 
 from ..config import DecodeConfig
 from ..engine import Generation
+from ..methods import METHODS, method_names
 from ..pipeline import Pipeline, chat_messages
-from .contenders import PEERS, build_contender, check_names, contender_names, needs_drafter
+from .contenders import PEERS, build_contender, check_names
 from .lossless import AFTER_DIVERGENCE, EXACT, UNCHECKED, TurnCheck, check_turn
 from .suites import Question
 
@@ -58,9 +59,12 @@ def plan_configs(
     return [replace(base, method=name, method_options=dict(options.get(name, {}))) for name in names]
 
 
-def default_methods(has_drafter: bool, greedy: bool = True) -> list[str]:
+def default_methods(pipeline: Pipeline, greedy: bool = True) -> list[str]:
     """Every registered method and peer this run can use: drafter methods need a pair, peers run greedy only."""
-    return [n for n in contender_names() if (has_drafter or not needs_drafter(n)) and (greedy or n not in PEERS)]
+    has_drafter = pipeline.drafter is not None
+    methods = [n for n in method_names() if has_drafter or not METHODS[n].needs_drafter]
+    peers = [n for n, peer in sorted(PEERS.items()) if greedy and peer.usable(pipeline)]
+    return methods + peers
 
 
 def reset_peak_memory(device: torch.device) -> None:

@@ -59,7 +59,7 @@ def bench(
         check_names(chosen)  # before the models load
     with console.fetch_progress() as progress:
         pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress)
-    names = chosen or default_methods(pipeline.drafter is not None, run.config.sampling.greedy)
+    names = chosen or default_methods(pipeline, run.config.sampling.greedy)
     configs = plan_configs(run.config, names, run.method_options)
     tolerance_ties = TIE_TOLERANCE[run.dtype] if tie_tolerance is None else tie_tolerance
     with console.counter_progress() as update:

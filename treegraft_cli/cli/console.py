@@ -101,7 +101,7 @@ def bench_report(results: dict[str, Any]) -> None:
     rows = []
     for name, m in results["methods"].items():
         split = m["time_split"]
-        busy = sum(split.values()) or 1.0
+        busy = sum(split.get(k, 0.0) for k in ("prefill_s", "draft_s", "verify_s", "host_s")) or 1.0
         shares = "/".join(f"{100 * split.get(k, 0.0) / busy:.0f}" for k in ("prefill_s", "draft_s", "verify_s", "host_s"))
         accept = "/".join(f"{a:.2f}" for a in m["acceptance_by_depth"][:4]) or "-"
         calls = " ".join(f"{k}={v:.1f}" for k, v in m["drafter_calls_per_step"].items()) or "-"
