@@ -43,7 +43,10 @@ def assert_clean_failure(code: int, err: str, *needles: str) -> None:
         (["generate", "--pair", "/no/such/model.gguf", "-p", "hi"], ["does not exist"]),
         (["generate", "--pair", "tiny-random", "-p", "hi", "--dtype", "fp8"], ["unknown dtype"]),
         (["models", "pull", "nope"], ["unknown alias"]),
-        (["bench"], ["not available"]),
+        (["profile"], ["not available"]),
+        (["bench", "--pair", "tiny-random", "--methods", "magic"], ["unknown method", "hf-assisted"]),
+        (["bench", "--profile", "nosuch"], ["unknown profile", "smollm2-135m-self"]),
+        (["tune", "--pair", "tiny-random", "--method", "magic"], ["unknown method", "dense"]),
     ],
 )
 def test_bad_input_gives_one_clear_error(args, needles, capsys, monkeypatch):
