@@ -14,6 +14,7 @@ from treegraft_cli.drafters.ngram import NgramIndex, TargetLogProbCache
 from treegraft_cli.engine import SpeculativeDecoder
 from treegraft_cli.errors import ConfigError
 from treegraft_cli.grafting.builder import Growth
+from treegraft_cli.grafting.config import TreeGraftConfig
 from treegraft_cli.grafting.scheduler import (
     AllMid,
     CostAwareRule,
@@ -22,6 +23,7 @@ from treegraft_cli.grafting.scheduler import (
     MarginPolicy,
     SchedulerState,
     features,
+    make_policy,
 )
 from treegraft_cli.grafting.tree_ops import cut_to_budget, graft_window
 from treegraft_cli.lm import CausalLM
@@ -249,3 +251,17 @@ def test_fixed_layers_resolve_from_the_method_name(tiny_self_pair):
         create_method(DecodeConfig(method="dense:2"), models)
     with pytest.raises(ConfigError):
         create_method(DecodeConfig(method="treegraft", method_options={"polcy": "all-mid"}), models)
+
+
+def test_method_options_from_the_command_line():
+    from treegraft_cli.cli.options import parse_method_options
+
+    assert parse_method_options(["layers=1,3", "call_budget=2", "policy=all-mid"]) == {
+        "layers": "1,3",
+        "call_budget": 2,
+        "policy": "all-mid",
+    }
+    with pytest.raises(ConfigError):
+        parse_method_options(["layers"])
+    with pytest.raises(ConfigError):
+        make_policy("sometimes", TreeGraftConfig())

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 
 from ..errors import ConfigError
 from ..tree import DraftTree
+from .config import TreeGraftConfig, parse_layers
 from .tree_ops import monotone_scores, top_nodes
 
 FEATURE_NAMES = (
@@ -206,17 +208,25 @@ def _expected_tokens(scores: torch.Tensor, budget: int) -> float:  # scores: [n]
     return 1.0 + float(torch.exp(best).sum())
 
 
-def make_policy(spec: str, call_budget: int, layers: tuple[int, ...], hit_rate: float) -> CallPolicy:
-    """A policy from its spec: ``all-small``, ``all-mid``, ``fixed`` / ``fixed:1,3``, ``cost-aware``."""
-    from .config import parse_layers
+def _fixed(argument: str, options: TreeGraftConfig) -> CallPolicy:
+    return FixedLayers(options.call_budget, parse_layers(argument) if argument else options.layers)
 
+
+# policy name → factory(argument after ':', settings); a learned scheduler adds its entry here
+POLICY_FACTORIES: Mapping[str, Callable[[str, TreeGraftConfig], CallPolicy]] = MappingProxyType(
+    {
+        AllSmall.name: lambda argument, options: AllSmall(options.call_budget),
+        AllMid.name: lambda argument, options: AllMid(options.call_budget),
+        FixedLayers.name: _fixed,
+        CostAwareRule.name: lambda argument, options: CostAwareRule(options.call_budget, options.hit_rate),
+    }
+)
+
+
+def make_policy(spec: str, options: TreeGraftConfig) -> CallPolicy:
+    """A policy from its spec: ``all-small``, ``all-mid``, ``fixed`` / ``fixed:1,3``, ``cost-aware``."""
     name, _, argument = spec.partition(":")
-    if name == AllSmall.name:
-        return AllSmall(call_budget)
-    if name == AllMid.name:
-        return AllMid(call_budget)
-    if name == FixedLayers.name:
-        return FixedLayers(call_budget, parse_layers(argument) if argument else layers)
-    if name == CostAwareRule.name:
-        return CostAwareRule(call_budget, hit_rate)
-    raise ConfigError(f"unknown call policy {spec!r}", "use all-small, all-mid, fixed:1,3 or cost-aware")
+    factory = POLICY_FACTORIES.get(name)
+    if factory is None:
+        raise ConfigError(f"unknown call policy {spec!r}", f"choose one of: {', '.join(POLICY_FACTORIES)}")
+    return factory(argument, options)

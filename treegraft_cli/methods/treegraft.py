@@ -19,7 +19,7 @@ from ..grafting.builder import LayerLoop, LayerRecord
 from ..grafting.config import TreeGraftConfig
 from ..grafting.costs import measure_costs
 from ..grafting.scheduler import CallPolicy, CostAwareRule, CostModel, make_policy
-from ..tree import ORIGIN_NGRAM, DraftTree
+from ..tree import ORIGIN_NGRAM, ORIGIN_ROOT, DraftTree
 from .base import Method, Models, Observation, Prefill, register
 
 PREFILL_CHUNK = 64  # prompt rows turned into log-probs at a time (a full-vocab float32 softmax per row)
@@ -52,9 +52,8 @@ class TreeGraftMethod(Method):
         self.target_logp = _target_logp(self.options)
         self.strong = TreeDrafter(models.drafter) if models.drafter is not None else None
         self.loop = LayerLoop(config.tree, self.options, self.index, self.target_logp, self.strong)
-        o = self.options
-        self.policy: CallPolicy = make_policy(o.policy or self.default_policy, o.call_budget, o.layers, o.hit_rate)
-        self.costs = CostModel(o.verify_ms, o.strong_ms)
+        self.policy: CallPolicy = make_policy(self.options.policy or self.default_policy, self.options)
+        self.costs = CostModel(self.options.verify_ms, self.options.strong_ms)
         self.prompt_length = 0
         self.last_records: list[LayerRecord] = []
         self.weak_expansions = 0
@@ -161,11 +160,13 @@ class NgramMethod(Method):
         chain = list(found[0].tokens) if found else []
         device = self.models.target.device
         n = len(chain) + 1
+        origins = torch.full((n,), ORIGIN_NGRAM, dtype=torch.int8, device=device)
+        origins[0] = ORIGIN_ROOT
         return DraftTree(
             tokens=torch.tensor([int(committed[-1]), *chain], dtype=torch.long, device=device),
             parents=torch.arange(-1, n - 1, device=device),
             depths=torch.arange(n, device=device),
             scores=torch.zeros(n, device=device),
-            origins=torch.full((n,), ORIGIN_NGRAM, dtype=torch.int8, device=device).index_fill_(0, torch.tensor([0], device=device), 0),
+            origins=origins,
             kv_slot=torch.full((n,), -1, dtype=torch.long, device=device),
         )
