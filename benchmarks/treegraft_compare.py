@@ -98,6 +98,7 @@ def run_method(pipeline: Pipeline, method: str, args, costs, prompts, reference)
         row.per_prompt_tps.append(generation.tokens_per_s)
         if reference is not None and generation.output_ids != reference[i]:
             row.mismatches += 1
+    print(f"[{method}] {row.tokens} tokens in {row.seconds:.1f}s", file=sys.stderr, flush=True)
     return row, outputs
 
 
