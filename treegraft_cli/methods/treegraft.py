@@ -15,10 +15,12 @@ import torch
 from ..config import DecodeConfig, from_mapping
 from ..drafters.ngram import NgramIndex, TargetLogProbCache
 from ..drafters.strong import TreeDrafter
+from ..errors import ConfigError
 from ..grafting.builder import LayerLoop, LayerRecord
 from ..grafting.config import TreeGraftConfig
 from ..grafting.costs import measure_costs
 from ..grafting.scheduler import CallPolicy, CostAwareRule, CostModel, make_policy
+from ..models.eagle3_head import Eagle3Head
 from ..tree import ORIGIN_NGRAM, ORIGIN_ROOT, DraftTree
 from .base import Method, Models, Observation, Prefill, register
 
@@ -50,13 +52,20 @@ class TreeGraftMethod(Method):
         self.options = from_mapping(TreeGraftConfig, config.method_options, where=f"method {self.name}")
         self.index = NgramIndex(self.options.max_n)
         self.target_logp = _target_logp(self.options)
-        self.strong = TreeDrafter(models.drafter) if models.drafter is not None else None
+        self.strong = self._strong_drafter(models)
         self.loop = LayerLoop(config.tree, self.options, self.index, self.target_logp, self.strong)
         self.policy: CallPolicy = make_policy(self.options.policy or self.default_policy, self.options)
         self.costs = CostModel(self.options.verify_ms, self.options.strong_ms)
         self.prompt_length = 0
         self.last_records: list[LayerRecord] = []
         self.weak_expansions = 0
+
+    def _strong_drafter(self, models: Models) -> TreeDrafter | None:
+        if models.drafter is None:
+            return None
+        if isinstance(models.drafter.model, Eagle3Head):  # it reads target states the tree loop does not keep
+            raise ConfigError(f"method {self.name!r} needs a small-LM drafter", "use a DRAFTER:TARGET pair of two LMs")
+        return TreeDrafter(models.drafter)
 
     @property
     def needs_costs(self) -> bool:
