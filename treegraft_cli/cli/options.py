@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+import yaml
 
 from ..config import DecodeConfig, SamplingConfig, TreeConfig
+from ..errors import ConfigError
 from ..methods import method_names
 from ..pipeline import DEFAULT_PAIR
 
@@ -23,8 +25,23 @@ Budget = Annotated[int, typer.Option("--budget", "-N", help="Tree budget: non-ro
 Depth = Annotated[int, typer.Option("--depth", "-D", help="Tree depth (chain length for `chain`).")]
 TreeTopK = Annotated[int, typer.Option("--tree-top-k", "-K", help="Frontier width / children per expanded node.")]
 Kernels = Annotated[str, typer.Option("--kernels", help="auto | torch | triton verification backend.")]
+MethodOptions = Annotated[
+    list[str] | None,
+    typer.Option("--option", "-o", help="Method setting KEY=VALUE (YAML value), repeatable, e.g. -o layers=1,3."),
+]
 
 DEFAULTS = DecodeConfig()
+
+
+def parse_method_options(items: list[str] | None) -> dict[str, Any]:
+    """``["k=v", ...]`` → ``{k: yaml.safe_load(v)}``; a missing ``=`` is a ConfigError."""
+    options: dict[str, Any] = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"bad --option {item!r}", "write --option KEY=VALUE")
+        options[key.strip()] = yaml.safe_load(value)
+    return options
 
 
 def decode_config(
@@ -38,6 +55,7 @@ def decode_config(
     depth: int,
     tree_top_k: int,
     kernels: str,
+    method_options: dict[str, Any] | None = None,
 ) -> DecodeConfig:
     return DecodeConfig(
         method=method,
@@ -46,7 +64,8 @@ def decode_config(
         max_new_tokens=max_new_tokens,
         seed=seed,
         kernels=kernels,
+        method_options=method_options or {},
     )
 
 
-__all__ = ["DEFAULT_PAIR", "DEFAULTS", "decode_config"]
+__all__ = ["DEFAULT_PAIR", "DEFAULTS", "decode_config", "parse_method_options"]

@@ -6,9 +6,10 @@ target decided. Methods register themselves by name; nothing else branches on me
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -76,6 +77,11 @@ class Method(ABC):
         """Drafter invocations in the last step, by drafter name."""
         return {}
 
+    @classmethod
+    def options_from_argument(cls, argument: str) -> dict[str, Any]:
+        """The method options a ``NAME:ARGUMENT`` method spec stands for (``fixed:1,3``); none by default."""
+        raise ConfigError(f"method {cls.name!r} takes no ':{argument}' argument", f"use --method {cls.name}")
+
 
 METHODS: dict[str, type[Method]] = {}
 
@@ -90,10 +96,14 @@ def method_names() -> list[str]:
 
 
 def create_method(config: DecodeConfig, models: Models) -> Method:
-    """Build the method ``config.method`` names, or raise a ConfigError naming the valid ones."""
-    cls = METHODS.get(config.method)
+    """Build the method ``config.method`` names (``NAME`` or ``NAME:ARGUMENT``), or raise a ConfigError."""
+    name, _, argument = config.method.partition(":")
+    cls = METHODS.get(name)
     if cls is None:
         raise ConfigError(f"unknown method {config.method!r}", f"choose one of: {', '.join(method_names())}")
+    if argument:
+        options = {**config.method_options, **cls.options_from_argument(argument)}
+        config = dataclasses.replace(config, method_options=options)
     if cls.needs_drafter and models.drafter is None:
         raise ConfigError(
             f"method {config.method!r} needs a model drafter", "pass --pair DRAFTER:TARGET"

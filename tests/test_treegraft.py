@@ -1,0 +1,267 @@
+"""TreeGraft: exactness for every policy, the combine step's invariants, the strong drafter's cache,
+the n-gram index, the 17 scheduler features and the call policies."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import random_prompt, reference_greedy, speculative
+
+from treegraft_cli.config import DecodeConfig, TreeConfig
+from treegraft_cli.drafters.ngram import NgramIndex, TargetLogProbCache
+from treegraft_cli.engine import SpeculativeDecoder
+from treegraft_cli.errors import ConfigError
+from treegraft_cli.grafting.builder import Growth
+from treegraft_cli.grafting.config import TreeGraftConfig
+from treegraft_cli.grafting.scheduler import (
+    AllMid,
+    CostAwareRule,
+    CostModel,
+    FixedLayers,
+    MarginPolicy,
+    SchedulerState,
+    features,
+    make_policy,
+)
+from treegraft_cli.grafting.tree_ops import cut_to_budget, graft_window
+from treegraft_cli.lm import CausalLM
+from treegraft_cli.methods import Models, Prefill, create_method
+from treegraft_cli.tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree
+
+SMALL_TREE = TreeConfig(budget=20, depth=4, top_k=4)
+POLICIES = ["ngram", "all-small", "all-mid", "fixed:1,3", "treegraft"]
+NEW_TOKENS = 24
+
+
+def repetitive_prompt(seed: int) -> torch.Tensor:
+    """A prompt that repeats itself, so the n-gram drafter finds matches."""
+    base = random_prompt(seed, length=10)
+    return torch.cat([base, base, base[:5]])
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_self_pair) -> dict[int, list[int]]:
+    return {seed: reference_greedy(tiny_self_pair[1], repetitive_prompt(seed), NEW_TOKENS) for seed in (1, 2)}
+
+
+def decoder_for(pair, method: str, tree: TreeConfig = SMALL_TREE, **options) -> SpeculativeDecoder:
+    drafter, target = pair
+    config = DecodeConfig(method=method, tree=tree, max_new_tokens=NEW_TOKENS, method_options=options)
+    return SpeculativeDecoder(CausalLM(target.model), config, drafter=CausalLM(drafter.model))
+
+
+# -- exactness and budget ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("method", "seed"), [(m, 1) for m in POLICIES] + [("treegraft", 2), ("fixed:2,4", 2)])
+def test_every_policy_matches_greedy(tiny_self_pair, expected, method, seed):
+    config = DecodeConfig(method=method, tree=SMALL_TREE, max_new_tokens=NEW_TOKENS)
+    result = speculative(tiny_self_pair, config, repetitive_prompt(seed))
+    assert result.output_ids == expected[seed]
+    assert all(step.nodes_verified <= SMALL_TREE.budget for step in result.steps)
+
+
+def test_paper_shape_with_unrelated_drafter_matches_greedy(tiny_pair):
+    prompt = repetitive_prompt(3)
+    tree = TreeConfig(budget=63, depth=5, top_k=10)
+    config = DecodeConfig(method="treegraft", tree=tree, max_new_tokens=16, method_options={"policy": "all-mid"})
+    result = speculative(tiny_pair, config, prompt)
+    assert result.output_ids == reference_greedy(tiny_pair[1], prompt, 16)
+    assert all(step.nodes_verified <= 63 for step in result.steps)
+
+
+def test_all_mid_equals_dense_and_counts_calls(tiny_self_pair):
+    """With the strong drafter at every layer the loop is EAGLE-2's dense tree: same steps, same τ."""
+    prompt = random_prompt(3)
+    dense = speculative(tiny_self_pair, DecodeConfig(method="dense", tree=SMALL_TREE, max_new_tokens=NEW_TOKENS), prompt)
+    result = speculative(tiny_self_pair, DecodeConfig(method="all-mid", tree=SMALL_TREE, max_new_tokens=NEW_TOKENS), prompt)
+    assert [s.accepted_length for s in result.steps] == [s.accepted_length for s in dense.steps]
+    assert result.mean_accepted_length > 1.5
+    assert all(step.drafter_calls["model"] == SMALL_TREE.depth for step in result.steps)
+
+
+# -- the combine step ----------------------------------------------------------------------------------
+
+
+def started_method(pair, method: str, prompt: torch.Tensor, tree: TreeConfig = SMALL_TREE):
+    drafter, target = pair
+    config = DecodeConfig(method=method, tree=tree)
+    instance = create_method(config, Models(CausalLM(target.model), CausalLM(drafter.model), 256))
+    # prefill all but the last prompt token, which becomes the root: the repeated text then matches
+    logits = CausalLM(target.model).forward(prompt[:-1])
+    instance.start(Prefill(prompt[:-1], logits))
+    return instance, prompt
+
+
+def test_combine_keeps_every_node_and_can_graft_shallower(tiny_self_pair):
+    method, committed = started_method(tiny_self_pair, "all-small", repetitive_prompt(1))
+    loop = method.loop
+    loop.index.sync(committed)
+    method.strong.start_step()
+    growth = Growth.start(int(committed[-1]), torch.device("cpu"))
+    loop.weak_layer(growth, 1)
+    tree = growth.tree
+    assert tree.size > 0 and bool((tree.origins[1:] == ORIGIN_NGRAM).all())
+    before = (tree.parents.clone(), tree.tokens.clone(), tree.num_nodes)
+    frontier_depth = int(tree.depths[growth.frontier].max()) if growth.frontier.numel() else 1
+    loop.strong_layer(growth, 2, committed)
+    tree = growth.tree
+    assert torch.equal(tree.parents[: before[2]], before[0]) and torch.equal(tree.tokens[: before[2]], before[1])
+    assert bool(growth.expanded[0]), "the root (shallower than the weak frontier) is reselected"
+    assert 0 < frontier_depth
+    assert bool((tree.origins == ORIGIN_MODEL).any())
+    tree.validate()
+    # every node was rescored by the strong drafter: scores are cumulative strong log-probs
+    logp = method.strong.logp
+    local = logp[growth.rows[tree.parents[1:]], tree.tokens[1:]]
+    assert torch.allclose(tree.scores[1:], tree.scores[tree.parents[1:]] + local, atol=1e-5)
+
+
+def test_forced_actions_drive_the_loop(tiny_self_pair):
+    method, committed = started_method(tiny_self_pair, "all-small", repetitive_prompt(2))
+    _, records = method.build(committed, forced={2: True, 3: True}, record=True)
+    assert [r.called for r in records] == [False, True, True, False]
+    assert [r.forced for r in records] == [False, True, True, False]
+    assert all(r.features.shape == (17,) for r in records)
+    tree, records = method.build(committed, forced={2: False})  # the same step drafted again
+    assert not any(r.called for r in records)
+    tree.validate(SMALL_TREE.budget)
+
+
+def test_cut_keeps_ancestors_even_when_chain_scores_exceed_parents():
+    tree = DraftTree.from_root(0)
+    a = tree.add_children(torch.tensor([0]), torch.tensor([1]), torch.tensor([-2.0]), ORIGIN_MODEL)
+    b = tree.add_children(a, torch.tensor([2]), torch.tensor([-0.1]), ORIGIN_NGRAM)  # above its parent
+    tree.add_children(torch.tensor([0]), torch.tensor([3]), torch.tensor([-1.0]), ORIGIN_MODEL)
+    cut = cut_to_budget(tree, 2)
+    cut.validate(2)
+    assert cut.size == 2 and set(cut.tokens[1:].tolist()) == {1, 3}  # b's -0.1 is capped at its parent's -2.0
+    assert int(b) == 2
+
+
+# -- the strong drafter's cache -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["all-mid", "fixed:2,4", "treegraft"])
+def test_strong_cache_equals_recompute_after_every_step(tiny_self_pair, method):
+    drafter_model = tiny_self_pair[0].model
+    # costs that make the cost-aware rule call sometimes (tiny models cost about the same per forward)
+    decoder = decoder_for(tiny_self_pair, method, verify_ms=100.0, strong_ms=10.0)
+    prompt = repetitive_prompt(2)
+    checked = []
+
+    def check(generation):
+        strong = decoder.method.strong
+        length = strong.committed_length
+        committed = torch.cat([prompt, torch.tensor(generation.output_ids)])
+        assert strong.lm.cache_length == length <= committed.numel()
+        if length == 0:  # the strong drafter was never called yet
+            return
+        fresh = CausalLM(drafter_model)
+        fresh.forward(committed[:length])
+        for ours, ref in zip(strong.lm.cache.layers, fresh.cache.layers, strict=True):
+            assert torch.allclose(ours.keys, ref.keys, atol=1e-4) and torch.allclose(ours.values, ref.values, atol=1e-4)
+        checked.append(length)
+
+    decoder.generate(prompt, on_step=check)
+    assert len(checked) > 2 and checked[-1] > checked[0]
+
+
+# -- the weak drafter -----------------------------------------------------------------------------------
+
+
+def test_ngram_index_grows_incrementally_and_matches_longest_first():
+    tokens = [5, 6, 7, 8, 5, 6, 9, 5, 6, 7, 4, 2, 5, 6]
+    grown = NgramIndex(max_n=3)
+    grown.extend(tokens[:5])
+    grown.extend(tokens[5:])
+    rebuilt = NgramIndex(max_n=3)
+    rebuilt.extend(tokens)
+    assert grown.table == rebuilt.table
+    found = grown.continuations(tokens[-3:], max_n=3, count=3, length=3)
+    # "2 5 6" never occurred before; "5 6" did: most recent first (→ 7 4 2), then (→ 9 5 6); then (→ 7 8 5) repeats 7
+    assert [c.tokens for c in found] == [(7, 4, 2), (9, 5, 6)]
+    assert [c.position for c in found] == [8, 5]
+    assert grown.continuations([1, 1, 1], max_n=3, count=3, length=3) == []
+
+
+def test_target_logprob_cache_scores_and_penalises():
+    cache = TargetLogProbCache(width=2, fallback_penalty=5.0)
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]]))
+    cache.append(0, logits)
+    scores = cache.score(torch.tensor([0, 0, 1, 7]), torch.tensor([1, 2, 2, 0]))
+    assert torch.allclose(scores[:3], torch.tensor([math.log(0.3), math.log(0.3) - 5.0, math.log(0.8)]), atol=1e-5)
+    assert float(scores[3]) == -5.0  # no row (the current root): plain penalty
+    cache.append(1, logits[:1])  # a later row overwrites
+    assert cache.values.shape[0] == 2
+
+
+# -- scheduler features and policies -------------------------------------------------------------------
+
+
+def hand_state(called=(1, 2), layer=3, verify_ms=100.0, strong_ms=25.0) -> SchedulerState:
+    """root → a(-0.1), b(-1.0); a → c(-0.5), d(-2.0). Frontier {c, d}; root and a expanded by the strong drafter."""
+    tree = DraftTree.from_root(0)
+    tree.add_children(torch.tensor([0, 0]), torch.tensor([1, 2]), torch.tensor([-0.1, -1.0]), ORIGIN_MODEL)
+    tree.add_children(torch.tensor([1, 1]), torch.tensor([3, 4]), torch.tensor([-0.5, -2.0]), ORIGIN_MODEL)
+    expanded = torch.tensor([True, True, False, False, False])
+    return SchedulerState(
+        tree=tree,
+        frontier=torch.tensor([3, 4]),
+        candidates=graft_window(tree, layer, lookback=5, max_depth=10, expanded=expanded),
+        layer=layer,
+        num_layers=5,
+        called=called,
+        prompt_length=9,
+        costs=CostModel(verify_ms, strong_ms),
+        width=2,
+        budget=63,
+    )
+
+
+def test_features_on_a_hand_built_tree():
+    state = hand_state()
+    assert state.reselection().tolist() == [3, 2]  # c (-0.5) then b (-1.0, shallower than the frontier)
+    expected = [math.log(10), 100.0, 25.0, math.log(4), 0.6, 0.4, 1, 1, 0, 0, 0, 2.0, 1.0, 0.5, 0.5, 0.5, -0.75]
+    assert torch.allclose(features(state), torch.tensor(expected), atol=1e-6)
+
+
+def test_policies_respect_the_call_budget():
+    state = hand_state(called=(1, 2))
+    assert AllMid(call_budget=3).decide(state) and not AllMid(call_budget=2).decide(state)
+    assert FixedLayers(5, (3,)).decide(state) and not FixedLayers(5, (1, 2)).decide(state)
+    assert MarginPolicy(5, lambda f: float(f[4]) - 0.5).decide(state)  # layer fraction 0.6 > 0.5
+    assert not MarginPolicy(5, lambda f: -1.0).decide(state)
+
+
+def test_cost_aware_rule_weighs_gain_against_cost():
+    cheap, dear = hand_state(called=(), strong_ms=1.0), hand_state(called=(), strong_ms=1000.0)
+    rule = CostAwareRule(call_budget=5, hit_rate=0.8)
+    assert rule.decide(cheap) and not rule.decide(dear)
+
+
+def test_fixed_layers_resolve_from_the_method_name(tiny_self_pair):
+    drafter, target = tiny_self_pair
+    models = Models(CausalLM(target.model), CausalLM(drafter.model), 256)
+    method = create_method(DecodeConfig(method="fixed:1,3"), models)
+    assert method.policy.layers == frozenset({1, 3})
+    with pytest.raises(ConfigError):
+        create_method(DecodeConfig(method="dense:2"), models)
+    with pytest.raises(ConfigError):
+        create_method(DecodeConfig(method="treegraft", method_options={"polcy": "all-mid"}), models)
+
+
+def test_method_options_from_the_command_line():
+    from treegraft_cli.cli.options import parse_method_options
+
+    assert parse_method_options(["layers=1,3", "call_budget=2", "policy=all-mid"]) == {
+        "layers": "1,3",
+        "call_budget": 2,
+        "policy": "all-mid",
+    }
+    with pytest.raises(ConfigError):
+        parse_method_options(["layers"])
+    with pytest.raises(ConfigError):
+        make_policy("sometimes", TreeGraftConfig())

@@ -1,0 +1,118 @@
+"""The weak drafter: an n-gram index over the committed context, scored by the target's own log-probs.
+
+Index. For every n in 1..max_n, a dict from the n tokens ending at position p to every such p, in
+ascending order. Committing tokens appends their n-grams (no rebuild per step). A lookup is host-side
+by nature (hashing token tuples); it runs once per expanded parent, never per node.
+
+Scores. ``TargetLogProbCache`` keeps the target's top-W log-probs at every committed position. A
+continuation whose first token follows a match ending at position p is scored with the log-prob of that
+token at p (the W-th best minus ``fallback_penalty`` when outside the top-W); deeper chain tokens add
+nothing (they get no score until the strong drafter rescores them).
+
+Rule for generated text: the prompt's positions are filled from the prefill, and each generated
+position from the verification forward in which it was the root or an accepted node. That forward ran
+on the exact committed prefix, so those rows are the target's true log-probs at the position, the same
+quantity the prefill gives for prompt positions. Only the current root (whose logits arrive with the
+next verification) has no row yet; no continuation can start after it anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+class TargetLogProbCache:
+    """Top-W target log-probs at committed positions: ``values``/``tokens`` ``[positions, W]``."""
+
+    def __init__(self, width: int, fallback_penalty: float):
+        self.width = width
+        self.fallback_penalty = fallback_penalty
+        self.values = torch.empty(0, width)
+        self.tokens = torch.empty(0, width, dtype=torch.long)
+
+    def reset(self) -> None:
+        self.values = torch.empty(0, self.width)
+        self.tokens = torch.empty(0, self.width, dtype=torch.long)
+
+    def append(self, start: int, logits: torch.Tensor) -> None:  # logits: [m, vocab] at positions start..start+m
+        """Record positions ``start..start+m``; rows already recorded there are overwritten."""
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        values, tokens = torch.topk(logp, min(self.width, logp.shape[-1]), dim=-1)
+        self.values = torch.cat([self.values[:start], values.cpu()])
+        self.tokens = torch.cat([self.tokens[:start], tokens.cpu()])
+
+    def score(self, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:  # [m], [m] -> [m]
+        """Log-prob of ``tokens`` after ``positions``; outside the top-W: W-th best minus the penalty."""
+        known = positions < self.values.shape[0]
+        safe = positions.clamp(max=max(self.values.shape[0] - 1, 0))
+        if self.values.shape[0] == 0:
+            return torch.full(tokens.shape, -self.fallback_penalty)
+        hit = self.tokens[safe] == tokens[:, None]  # [m, W]
+        in_top = hit.any(dim=-1)
+        value = torch.where(hit, self.values[safe], 0.0).sum(dim=-1)
+        fallback = self.values[safe, -1] - self.fallback_penalty
+        scored = torch.where(in_top, value, fallback)
+        return torch.where(known, scored, torch.full_like(scored, -self.fallback_penalty))
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """One proposed chain: ``tokens`` follow the match ending at committed position ``position``."""
+
+    position: int
+    tokens: tuple[int, ...]
+
+
+class NgramIndex:
+    """Positions of every n-gram (n ≤ max_n) of the committed context, grown on commit."""
+
+    def __init__(self, max_n: int):
+        self.max_n = max_n
+        self.context: list[int] = []
+        self.table: list[dict[tuple[int, ...], list[int]]] = [{} for _ in range(max_n + 1)]
+
+    def reset(self) -> None:
+        self.context = []
+        self.table = [{} for _ in range(self.max_n + 1)]
+
+    def extend(self, tokens: list[int]) -> None:
+        """Append committed tokens and index the n-grams that end at each of them."""
+        for token in tokens:
+            self.context.append(int(token))
+            end = len(self.context) - 1
+            for n in range(1, min(self.max_n, end + 1) + 1):
+                key = tuple(self.context[end - n + 1 : end + 1])
+                self.table[n].setdefault(key, []).append(end)
+
+    def sync(self, committed: torch.Tensor) -> None:  # committed: [L]
+        """Index whatever ``committed`` adds beyond the indexed context (committed only ever grows)."""
+        self.extend(committed[len(self.context) :].tolist())
+
+    def continuations(
+        self,
+        suffix: list[int],  # the query: context + path tokens, only the last max_n matter
+        max_n: int,
+        count: int,
+        length: int,
+        scan_limit: int = 64,
+    ) -> list[Continuation]:
+        """Up to ``count`` continuations with distinct first tokens, longest match first, most recent first.
+
+        Matches of shorter n fill what longer n leave; each continuation is at most ``length`` tokens of
+        the context after the match. ``scan_limit`` bounds the occurrences read per n (frequent unigrams).
+        """
+        found: list[Continuation] = []
+        first_tokens: set[int] = set()
+        last = len(self.context) - 1
+        for n in range(min(max_n, self.max_n, len(suffix)), 0, -1):
+            ends = self.table[n].get(tuple(suffix[-n:]), ())
+            for end in list(reversed(ends))[:scan_limit]:
+                if end >= last or self.context[end + 1] in first_tokens:
+                    continue
+                first_tokens.add(self.context[end + 1])
+                found.append(Continuation(end, tuple(self.context[end + 1 : end + 1 + length])))
+                if len(found) == count:
+                    return found
+        return found

@@ -1,0 +1,76 @@
+"""TreeDrafter: the strong model drafter of TreeGraft, one forward over a whole (growing) tree.
+
+It extends ``ModelDrafter`` in two ways the layer loop needs:
+
+- one forward covers the committed tokens the cache lacks (the root at least) *and* any set of tree
+  nodes, even nodes whose ancestors are in the same batch; the first strong call of a step therefore
+  costs one forward, not two;
+- it keeps the log-probs of every node it forwarded this step (``rows``), so a later call can rescore
+  children the weak drafter hung under nodes forwarded earlier.
+
+Cache layout and commit are ``ModelDrafter``'s: committed rows first, then this step's node rows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..tree import DraftTree
+from .model import ModelDrafter
+
+
+class TreeDrafter(ModelDrafter):
+    def __init__(self, lm):
+        super().__init__(lm)
+        self.logp = torch.empty(0)  # [rows, vocab] float32: row 0 the root, then nodes in forward order
+        self.root_logp: torch.Tensor | None = None  # [vocab] kept so a step can be drafted twice (collect)
+        self.root_length = -1  # committed length the kept root row belongs to
+
+    def reset(self) -> None:
+        super().reset()
+        self.root_logp = None
+        self.root_length = -1
+
+    def start_step(self) -> None:
+        """Drop the rows of an earlier draft of this step; nothing is forwarded until a call needs it."""
+        self.calls = 0
+        self.lm.crop(self.committed_length)
+        self.logp = torch.empty(0)
+
+    def forward(
+        self,
+        committed: torch.Tensor,  # [L] committed tokens, root last
+        tree: DraftTree,
+        nodes: torch.Tensor,  # [m] ascending node indices; each node's ancestors are forwarded or in ``nodes``
+        rows: torch.Tensor,  # [num_nodes] log-prob row per node, -1 when none; updated in place
+        ancestor_mask: torch.Tensor,  # [num_nodes, num_nodes]
+    ) -> None:
+        """Forward the pending committed tokens and ``nodes`` in one pass; record slots and log-prob rows."""
+        length = committed.shape[0]
+        if self.committed_length == length and self.root_length == length and self.logp.numel() == 0:
+            self.logp = self.root_logp[None]
+        pending = committed[self.committed_length :].to(self.device)
+        p, m = pending.shape[0], nodes.shape[0]
+        if p + m == 0:
+            return
+        cache_length = self.lm.cache_length
+        visible = torch.zeros(p + m, cache_length + p + m, dtype=torch.bool, device=self.device)
+        visible[:, : self.committed_length] = True
+        visible[:p, cache_length : cache_length + p] = torch.ones(p, p, dtype=torch.bool, device=self.device).tril()
+        visible[p:, cache_length : cache_length + p] = True
+        tree.kv_slot[nodes] = torch.arange(cache_length + p, cache_length + p + m, device=self.device)
+        query, node = torch.nonzero(ancestor_mask[nodes] & (tree.kv_slot >= 0)[None, :], as_tuple=True)
+        visible[p + query, tree.kv_slot[node]] = True
+        positions = torch.cat(
+            [torch.arange(self.committed_length, length, device=self.device), length - 1 + tree.depths[nodes]]
+        )
+        logits = self.lm.forward(torch.cat([pending, tree.tokens[nodes]]), positions, visible)
+        self.calls += 1
+        self.committed_length = length
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        if p:
+            self.root_logp, self.root_length = logp[p - 1], length
+            self.logp = logp[p - 1 : p]
+        rows[0] = 0
+        rows[nodes] = torch.arange(self.logp.shape[0], self.logp.shape[0] + m, device=rows.device)
+        self.logp = torch.cat([self.logp, logp[p:]])

@@ -1,0 +1,221 @@
+"""The TreeGraft layer loop (DESIGN.md §4): per layer, skip (weak n-gram expansion) or call (strong combine).
+
+Per step: the tree starts at the root with the root as frontier. For ℓ = 1..D the policy (or a forced
+action, for ``collect``'s counterfactual rollouts) picks call or skip; the layer leaves a frontier of at
+most K nodes for the next one. At the end the tree is cut to N nodes by score, ancestors kept.
+
+Skip: every frontier parent not yet expanded by the weak drafter gets up to K n-gram continuations,
+whole chains (up to ``max_depth``). Only the chain heads of parents that found all K continuations
+form the next frontier: a parent that cannot reach K stops expanding, its chains stay.
+
+Call: one strong forward over the tree — every unforwarded node that has children (their children need
+rescoring) and the best ``pool`` unforwarded grafting candidates — then every node is rescored with the
+strong drafter's log-probs, the K best grafting positions in the lookback window are reselected (possibly
+shallower than the frontier), and each gets its top-K children. Existing children are merged and take
+the strong score; nothing is deleted. The new children's K best are the next frontier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import TreeConfig
+from ..drafters.ngram import Continuation, NgramIndex, TargetLogProbCache
+from ..drafters.strong import TreeDrafter
+from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree
+from .config import TreeGraftConfig
+from .scheduler import CallPolicy, CostModel, SchedulerState, features
+from .tree_ops import cut_to_budget, graft_window, has_children, pad_column, rescore, top_nodes
+
+
+@dataclass
+class Growth:
+    """The mutable state of one step's tree while it grows; side columns are aligned with the tree."""
+
+    tree: DraftTree
+    frontier: torch.Tensor  # [f] node indices
+    expanded: torch.Tensor  # [num_nodes] bool: the strong drafter added this node's top-K children
+    weak_done: torch.Tensor  # [num_nodes] bool: the weak drafter expanded this node
+    rows: torch.Tensor  # [num_nodes] long: the node's strong log-prob row, -1 if never forwarded
+    called: list[int] = field(default_factory=list)  # layers that called the strong drafter
+    weak_expansions: int = 0
+
+    @classmethod
+    def start(cls, root_token: int, device: torch.device) -> Growth:
+        tree = DraftTree.from_root(root_token, device)
+        flags = torch.zeros(1, dtype=torch.bool, device=device)
+        return cls(tree, torch.zeros(1, dtype=torch.long, device=device), flags, flags.clone(), torch.full((1,), -1, device=device))
+
+    def sync(self) -> None:
+        n = self.tree.num_nodes
+        self.expanded = pad_column(self.expanded, n, False)
+        self.weak_done = pad_column(self.weak_done, n, False)
+        self.rows = pad_column(self.rows, n, -1)
+
+
+@dataclass(frozen=True)
+class LayerRecord:
+    """What happened at one layer: the action, whether it was forced, and the features when recorded."""
+
+    layer: int
+    called: bool
+    forced: bool
+    features: torch.Tensor | None  # [17]
+
+
+class LayerLoop:
+    """Builds one step's tree from the weak index, the target log-prob cache and the strong drafter."""
+
+    def __init__(
+        self,
+        tree_config: TreeConfig,
+        options: TreeGraftConfig,
+        index: NgramIndex,
+        target_logp: TargetLogProbCache,
+        strong: TreeDrafter | None,
+    ):
+        self.shape = tree_config
+        self.options = options
+        self.index = index
+        self.target_logp = target_logp
+        self.strong = strong
+
+    @property
+    def pool(self) -> int:
+        return self.options.pool or 2 * self.shape.top_k
+
+    def build(
+        self,
+        committed: torch.Tensor,  # [L] root last
+        policy: CallPolicy,
+        costs: CostModel,
+        prompt_length: int,
+        forced: Mapping[int, bool] | None = None,
+        record: bool = False,
+    ) -> tuple[DraftTree, list[LayerRecord], Growth]:
+        """The cut tree, one record per layer, and the uncut growth state (for inspection and tests)."""
+        forced = forced or {}
+        self.index.sync(committed)
+        if self.strong is not None:
+            self.strong.start_step()
+        device = self.strong.device if self.strong is not None else committed.device
+        g = Growth.start(int(committed[-1]), device)
+        records = []
+        for layer in range(1, self.shape.depth + 1):
+            state = self.state(g, layer, costs, prompt_length)
+            wanted = forced[layer] if layer in forced else policy.decide(state)
+            call = wanted and self.strong is not None and bool(state.candidates.any())
+            if call:
+                self.strong_layer(g, layer, committed)
+                g.called.append(layer)
+            else:
+                self.weak_layer(g, layer)
+            records.append(LayerRecord(layer, call, layer in forced, features(state) if record else None))
+        return cut_to_budget(g.tree, self.shape.budget), records, g
+
+    def state(self, g: Growth, layer: int, costs: CostModel, prompt_length: int) -> SchedulerState:
+        window = graft_window(g.tree, layer, self.options.lookback, self.options.max_depth, g.expanded)
+        return SchedulerState(
+            tree=g.tree,
+            frontier=g.frontier,
+            candidates=window,
+            layer=layer,
+            num_layers=self.shape.depth,
+            called=tuple(g.called),
+            prompt_length=prompt_length,
+            costs=costs,
+            width=self.shape.top_k,
+            budget=self.shape.budget,
+        )
+
+    # -- skip: the weak drafter ---------------------------------------------------------------------
+
+    def weak_layer(self, g: Growth, layer: int) -> None:
+        parents = g.frontier[~g.weak_done[g.frontier]]
+        g.frontier = parents[:0]
+        if parents.numel() == 0:
+            return
+        g.weak_done[parents] = True
+        g.weak_expansions += 1
+        k, max_n = self.shape.top_k, max(1, self.options.max_n - layer + 1)
+        tree = g.tree
+        tokens, parent_of, depths = tree.tokens.tolist(), tree.parents.tolist(), tree.depths.tolist()
+        context_tail = self.index.context[-max_n:]
+        chains: list[tuple[int, Continuation]] = []
+        full: list[int] = []
+        for parent in parents.tolist():  # one index lookup per parent (host-side by nature)
+            room = self.options.max_depth - depths[parent]
+            if room <= 0:
+                continue
+            suffix = context_tail + _path_tail(parent, tokens, parent_of, max_n)
+            found = self.index.continuations(suffix, max_n, k, room)
+            chains.extend((parent, c) for c in found)
+            if len(found) == k:
+                full.append(parent)
+        if not chains:
+            return
+        heads, chain_parents = self.add_chains(tree, chains)
+        g.sync()
+        from_full = torch.isin(chain_parents, torch.tensor(full, dtype=torch.long, device=tree.device))
+        allowed = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
+        allowed[heads[from_full]] = True
+        g.frontier = top_nodes(tree.scores, allowed, k)
+
+    def add_chains(self, tree: DraftTree, chains: list[tuple[int, Continuation]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hang every chain under its parent, one batched ``add_children`` per chain level; return the heads."""
+        device = tree.device
+        parents = torch.tensor([p for p, _ in chains], dtype=torch.long, device=device)
+        positions = torch.tensor([c.position for _, c in chains], dtype=torch.long)
+        lengths = torch.tensor([len(c.tokens) for _, c in chains], dtype=torch.long, device=device)
+        width = int(lengths.max())
+        padded = torch.tensor([list(c.tokens) + [0] * (width - len(c.tokens)) for _, c in chains], device=device)
+        # the head's log-prob from the target at the match; deeper chain tokens add nothing (unscored)
+        scores = tree.scores[parents] + self.target_logp.score(positions, padded[:, 0].cpu()).to(device)
+        current, heads = parents.clone(), parents
+        for level in range(width):
+            active = lengths > level
+            nodes = tree.add_children(current[active], padded[active, level], scores[active], ORIGIN_NGRAM)
+            current[active] = nodes
+            if level == 0:
+                heads = nodes
+        return heads, parents
+
+    # -- call: the strong drafter -------------------------------------------------------------------
+
+    def strong_layer(self, g: Growth, layer: int, committed: torch.Tensor) -> None:
+        tree, k = g.tree, self.shape.top_k
+        window = graft_window(tree, layer, self.options.lookback, self.options.max_depth, g.expanded)
+        pooled = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
+        pooled[top_nodes(tree.scores, window, self.pool)] = True
+        needed = (g.rows < 0) & (has_children(tree) | pooled)
+        needed[0] = False  # the root's row comes with the pending committed tokens
+        nodes = torch.nonzero(needed).flatten()
+        self.strong.forward(committed, tree, nodes, g.rows, tree.ancestor_mask())
+        logp = self.strong.logp
+        local = torch.zeros(tree.num_nodes, device=tree.device)
+        local[1:] = logp[g.rows[tree.parents[1:]], tree.tokens[1:]]
+        rescore(tree, local)
+        positions = top_nodes(tree.scores, window & (g.rows >= 0), k)
+        top_logp, top_tokens = torch.topk(logp[g.rows[positions]], k, dim=-1)  # [p, K]
+        child_scores = tree.scores[positions][:, None] + top_logp
+        child_parents = positions[:, None].expand_as(top_tokens)
+        children = tree.add_children(
+            child_parents.flatten(), top_tokens.flatten(), child_scores.flatten(), ORIGIN_MODEL, rescore=True
+        )
+        g.sync()
+        g.expanded[positions] = True
+        allowed = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
+        allowed[children] = True
+        g.frontier = top_nodes(tree.scores, allowed, k)
+
+
+def _path_tail(node: int, tokens: list[int], parent_of: list[int], count: int) -> list[int]:
+    """The last ``count`` path tokens root→node (root excluded: it already ends the context)."""
+    tail = []
+    while node > 0 and len(tail) < count:
+        tail.append(tokens[node])
+        node = parent_of[node]
+    return tail[::-1]

@@ -1,0 +1,69 @@
+"""TreeGraftConfig: the method-specific settings, built from ``DecodeConfig.method_options``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+
+def parse_layers(value) -> tuple[int, ...]:
+    """``"1,3"``, ``3`` or ``[1, 3]`` → ``(1, 3)``."""
+    if isinstance(value, int):
+        return (value,)
+    if isinstance(value, str):
+        parts = [part.strip() for part in value.split(",") if part.strip()]
+        try:
+            return tuple(int(part) for part in parts)
+        except ValueError as error:
+            raise ConfigError(f"bad layer list {value!r}", "give layers as 1,3 (1-based tree layers)") from error
+    return tuple(int(v) for v in value)
+
+
+@dataclass(frozen=True)
+class TreeGraftConfig:
+    """Settings of the TreeGraft layer loop (tree shape K, D, N comes from ``TreeConfig``).
+
+    policy: which call policy decides per layer ("" = the method's own): all-small | all-mid |
+    fixed:1,3 | cost-aware. layers: the called layers of ``fixed``. call_budget: strong calls per step
+    at most. max_n: longest n-gram suffix matched (it shrinks by one per layer, down to 1). top_w /
+    fallback_penalty: the target log-prob cache width and the penalty below its W-th entry. lookback:
+    depths (counted back from the layer's parent depth) in which a strong call may reselect grafting
+    positions. max_depth: no node deeper (n-gram chains run ahead of the layer loop). pool: unforwarded
+    leaves the strong call forwards as grafting candidates (0: 2·K). hit_rate: the cost-aware rule's prior
+    on the share of a position's probability mass the strong drafter's top-K children capture.
+    verify_ms / strong_ms: measured costs (0: measure at warm-up when the policy needs them).
+    chain_length: tokens per chain of the ``ngram`` baseline.
+    """
+
+    policy: str = ""
+    layers: tuple[int, ...] = ()
+    call_budget: int = 5
+    max_n: int = 5
+    top_w: int = 10
+    fallback_penalty: float = 5.0
+    lookback: int = 5
+    max_depth: int = 10
+    pool: int = 0
+    hit_rate: float = 0.8
+    verify_ms: float = 0.0
+    strong_ms: float = 0.0
+    chain_length: int = 10
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", parse_layers(self.layers))
+        checks = [
+            (self.call_budget >= 0, "call_budget must be >= 0"),
+            (self.max_n >= 1, "max_n must be >= 1"),
+            (self.top_w >= 1, "top_w must be >= 1"),
+            (self.lookback >= 1, "lookback must be >= 1"),
+            (self.max_depth >= 1, "max_depth must be >= 1"),
+            (self.pool >= 0, "pool must be >= 0"),
+            (0 < self.hit_rate <= 1, "hit_rate must be in (0, 1]"),
+            (self.verify_ms >= 0 and self.strong_ms >= 0, "costs must be >= 0"),
+            (self.chain_length >= 1, "chain_length must be >= 1"),
+            (all(layer >= 1 for layer in self.layers), "layers are 1-based"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message, "see TreeGraftConfig in treegraft_cli/grafting/config.py")

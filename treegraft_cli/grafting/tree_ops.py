@@ -1,0 +1,71 @@
+"""Vectorised tree operations of the TreeGraft layer loop: rescoring, grafting positions, final cut."""
+
+from __future__ import annotations
+
+import torch
+
+from ..tree import DraftTree
+
+
+def pad_column(column: torch.Tensor, length: int, fill) -> torch.Tensor:  # [n] -> [length]
+    """Grow a per-node side column to ``length`` nodes (the tree only ever appends)."""
+    extra = length - column.shape[0]
+    if extra <= 0:
+        return column
+    return torch.cat([column, torch.full((extra,), fill, dtype=column.dtype, device=column.device)])
+
+
+def has_children(tree: DraftTree) -> torch.Tensor:
+    """[num_nodes] bool: the node is some node's parent."""
+    marks = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
+    marks[tree.parents[1:]] = True
+    return marks
+
+
+def rescore(tree: DraftTree, local_logp: torch.Tensor) -> None:  # local_logp: [num_nodes], log p(v | parent)
+    """Replace every score by the cumulative sum of ``local_logp`` along its root path, one pass per depth."""
+    for depth in range(1, tree.max_depth + 1):
+        nodes = torch.nonzero(tree.depths == depth).flatten()
+        tree.scores[nodes] = tree.scores[tree.parents[nodes]] + local_logp[nodes].float()
+
+
+def monotone_scores(tree: DraftTree) -> torch.Tensor:
+    """[num_nodes] each score capped by its ancestors' (unscored chain tokens and merges can break the order)."""
+    scores = tree.scores.clone()
+    for depth in range(1, tree.max_depth + 1):
+        nodes = torch.nonzero(tree.depths == depth).flatten()
+        scores[nodes] = torch.minimum(scores[nodes], scores[tree.parents[nodes]])
+    return scores
+
+
+def graft_window(tree: DraftTree, layer: int, lookback: int, max_depth: int, expanded: torch.Tensor) -> torch.Tensor:
+    """[num_nodes] bool: nodes a strong call at ``layer`` may graft on.
+
+    Depths ``max(0, layer − lookback) .. layer − 1`` (layer ℓ builds depth ℓ, so its parents sit at ℓ − 1
+    and the lookback reaches shallower), not already expanded by the strong drafter, room for a child.
+    """
+    depths = tree.depths
+    lowest = max(0, layer - lookback)
+    return (depths >= lowest) & (depths <= layer - 1) & (depths < max_depth) & ~expanded
+
+
+def top_nodes(scores: torch.Tensor, allowed: torch.Tensor, k: int) -> torch.Tensor:
+    """Up to ``k`` allowed node indices, best score first; ties go to the lower index (the shallower)."""
+    candidates = torch.nonzero(allowed).flatten()
+    order = torch.sort(scores[candidates], descending=True, stable=True).indices
+    return candidates[order[:k]]
+
+
+def cut_to_budget(tree: DraftTree, budget: int) -> DraftTree:
+    """The ``budget`` best non-root nodes by (ancestor-capped) score, ancestors kept.
+
+    Capped scores never exceed a parent's and a stable sort puts the lower-indexed parent first on ties,
+    so the top set is already prefix-closed; closing over ancestors then checks it against the budget.
+    """
+    if tree.size <= budget:
+        return tree
+    scores = monotone_scores(tree)
+    order = torch.sort(scores[1:], descending=True, stable=True).indices + 1
+    keep = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
+    keep[order[:budget]] = True
+    return tree.keep(tree.close_over_ancestors(keep, limit=budget))

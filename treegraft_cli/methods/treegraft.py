@@ -1,0 +1,181 @@
+"""TreeGraft methods: ``treegraft`` (cost-aware calls), ``all-small``, ``all-mid``, ``fixed`` and ``ngram``.
+
+The first four share one layer loop (``grafting.builder``) and differ only in the call policy; ``fixed``
+takes its layers as ``fixed:1,3`` or ``--option layers=1,3``. ``ngram`` is the prompt-lookup chain
+baseline on the same index. Settings: ``TreeGraftConfig`` from ``DecodeConfig.method_options``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..config import DecodeConfig, from_mapping
+from ..drafters.ngram import NgramIndex, TargetLogProbCache
+from ..drafters.strong import TreeDrafter
+from ..errors import ConfigError
+from ..grafting.builder import LayerLoop, LayerRecord
+from ..grafting.config import TreeGraftConfig
+from ..grafting.costs import measure_costs
+from ..grafting.scheduler import CallPolicy, CostAwareRule, CostModel, make_policy
+from ..models.eagle3_head import Eagle3Head
+from ..tree import ORIGIN_NGRAM, ORIGIN_ROOT, DraftTree
+from .base import Method, Models, Observation, Prefill, register
+
+PREFILL_CHUNK = 64  # prompt rows turned into log-probs at a time (a full-vocab float32 softmax per row)
+COST_CONTEXT = 64  # prompt tokens before the timed forwards of the warm-up measurement
+
+
+def _target_logp(options: TreeGraftConfig) -> TargetLogProbCache:
+    return TargetLogProbCache(options.top_w, options.fallback_penalty)
+
+
+def _record_prefill(cache: TargetLogProbCache, prefill: Prefill) -> None:
+    cache.reset()
+    for start in range(0, prefill.logits.shape[0], PREFILL_CHUNK):
+        cache.append(start, prefill.logits[start : start + PREFILL_CHUNK])
+
+
+@register
+class TreeGraftMethod(Method):
+    """Weak n-gram + strong model drafter on one tree; the call policy decides per layer."""
+
+    name = "treegraft"
+    needs_drafter = True
+    description = "TreeGraft: n-gram + model drafter on one shared tree, cost-aware strong calls"
+    default_policy = CostAwareRule.name
+
+    def __init__(self, models: Models, config: DecodeConfig):
+        super().__init__(models, config)
+        self.options = from_mapping(TreeGraftConfig, config.method_options, where=f"method {self.name}")
+        self.index = NgramIndex(self.options.max_n)
+        self.target_logp = _target_logp(self.options)
+        self.strong = self._strong_drafter(models)
+        self.loop = LayerLoop(config.tree, self.options, self.index, self.target_logp, self.strong)
+        self.policy: CallPolicy = make_policy(self.options.policy or self.default_policy, self.options)
+        self.costs = CostModel(self.options.verify_ms, self.options.strong_ms)
+        self.prompt_length = 0
+        self.last_records: list[LayerRecord] = []
+        self.weak_expansions = 0
+
+    def _strong_drafter(self, models: Models) -> TreeDrafter | None:
+        if models.drafter is None:
+            return None
+        if isinstance(models.drafter.model, Eagle3Head):  # it reads target states the tree loop does not keep
+            raise ConfigError(f"method {self.name!r} needs a small-LM drafter", "use a DRAFTER:TARGET pair of two LMs")
+        return TreeDrafter(models.drafter)
+
+    @property
+    def needs_costs(self) -> bool:
+        return isinstance(self.policy, CostAwareRule) and (self.costs.verify_ms <= 0 or self.costs.strong_ms <= 0)
+
+    def start(self, prefill: Prefill) -> None:
+        self.prompt_length = int(prefill.prompt_ids.numel())
+        self.index.reset()
+        self.index.extend(prefill.prompt_ids.tolist())
+        _record_prefill(self.target_logp, prefill)
+        if self.strong is not None:
+            self.strong.reset()
+        if self.needs_costs:
+            drafter = self.models.drafter.model if self.models.drafter is not None else None
+            measured = measure_costs(
+                self.models.target.model, drafter, prefill.prompt_ids[-COST_CONTEXT:], self.config.tree.budget, self.config.tree.top_k
+            )
+            self.costs = CostModel(self.costs.verify_ms or measured.verify_ms, self.costs.strong_ms or measured.strong_ms)
+
+    def draft(self, committed: torch.Tensor) -> DraftTree:
+        return self.build(committed)[0]
+
+    def build(
+        self,
+        committed: torch.Tensor,  # [L] root last
+        policy: CallPolicy | None = None,
+        forced: Mapping[int, bool] | None = None,
+        record: bool = False,
+    ) -> tuple[DraftTree, list[LayerRecord]]:
+        """Draft with ``policy`` (default: the method's), ``forced`` actions by layer, features if ``record``.
+
+        Safe to call several times for one step (``collect`` tries call and skip at a layer): the strong
+        drafter's cache is cropped back to the committed context each time.
+        """
+        tree, records, growth = self.loop.build(
+            committed, policy or self.policy, self.costs, self.prompt_length, forced, record
+        )
+        self.last_records = records
+        self.weak_expansions = growth.weak_expansions
+        return tree, records
+
+    def observe(self, observation: Observation) -> None:
+        if self.strong is not None:
+            self.strong.commit(observation.tree, observation.path)
+        # the root and the accepted nodes were verified on the committed prefix: their target rows are exact
+        verified = observation.verdict.path[0, : observation.path.numel() + 1]
+        root_position = observation.committed.shape[0] - observation.path.numel() - 2
+        self.target_logp.append(root_position, observation.logits[verified])
+
+    def drafter_calls(self) -> dict[str, int]:
+        strong = self.strong.calls if self.strong is not None else 0
+        return {"model": strong, "ngram": self.weak_expansions}
+
+
+@register
+class AllSmallMethod(TreeGraftMethod):
+    name = "all-small"
+    needs_drafter = False
+    description = "TreeGraft layer loop with the weak n-gram drafter only"
+    default_policy = "all-small"
+
+
+@register
+class AllMidMethod(TreeGraftMethod):
+    name = "all-mid"
+    description = "TreeGraft layer loop calling the strong drafter at every layer"
+    default_policy = "all-mid"
+
+
+@register
+class FixedMethod(TreeGraftMethod):
+    name = "fixed"
+    description = "TreeGraft layer loop calling the strong drafter at given layers (fixed:1,3)"
+    default_policy = "fixed"
+
+    @classmethod
+    def options_from_argument(cls, argument: str) -> dict[str, Any]:
+        return {"layers": argument}
+
+
+@register
+class NgramMethod(Method):
+    """Prompt lookup: the longest-suffix match's continuation as one chain."""
+
+    name = "ngram"
+    description = "prompt-lookup chain from the n-gram index (no model drafter)"
+
+    def __init__(self, models: Models, config: DecodeConfig):
+        super().__init__(models, config)
+        self.options = from_mapping(TreeGraftConfig, config.method_options, where=f"method {self.name}")
+        self.index = NgramIndex(self.options.max_n)
+
+    def start(self, prefill: Prefill) -> None:
+        self.index.reset()
+        self.index.extend(prefill.prompt_ids.tolist())
+
+    def draft(self, committed: torch.Tensor) -> DraftTree:
+        self.index.sync(committed)
+        length = min(self.options.chain_length, self.config.tree.budget)
+        found = self.index.continuations(self.index.context[-self.options.max_n :], self.options.max_n, 1, length)
+        chain = list(found[0].tokens) if found else []
+        device = self.models.target.device
+        n = len(chain) + 1
+        origins = torch.full((n,), ORIGIN_NGRAM, dtype=torch.int8, device=device)
+        origins[0] = ORIGIN_ROOT
+        return DraftTree(
+            tokens=torch.tensor([int(committed[-1]), *chain], dtype=torch.long, device=device),
+            parents=torch.arange(-1, n - 1, device=device),
+            depths=torch.arange(n, device=device),
+            scores=torch.zeros(n, device=device),
+            origins=origins,
+            kv_slot=torch.full((n,), -1, dtype=torch.long, device=device),
+        )
