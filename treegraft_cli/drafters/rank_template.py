@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
