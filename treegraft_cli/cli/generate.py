@@ -18,6 +18,7 @@ from .options import (
     Kernels,
     MaxNewTokens,
     Method,
+    MethodOptions,
     Pair,
     Seed,
     Temperature,
@@ -41,13 +42,14 @@ def generate(
     depth: Depth = DEFAULTS.tree.depth,
     tree_top_k: TreeTopK = DEFAULTS.tree.top_k,
     kernels: Kernels = "auto",
+    option: MethodOptions = None,
     dtype: Dtype = "bf16",
     device: Device = "cpu",
     system: Annotated[str | None, typer.Option("--system", help="System message (none by default).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
 ) -> None:
     """Decode one chat prompt with one method; --json prints one JSON object."""
-    config = decode_config(method, max_new_tokens, temperature, top_k, top_p, seed, budget, depth, tree_top_k, kernels)
+    config = decode_config(method, max_new_tokens, temperature, top_k, top_p, seed, budget, depth, tree_top_k, kernels, option)
     with console.fetch_progress() as progress:
         pipeline = Pipeline.load(pair, dtype, device, progress)
     decoder = pipeline.decoder(config)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated
 
 import typer
 
-from ..config import DecodeConfig, SamplingConfig, TreeConfig
+from ..config import DecodeConfig, SamplingConfig, TreeConfig, parse_options
 from ..methods import method_names
 from ..pipeline import DEFAULT_PAIR
 
@@ -23,6 +24,14 @@ Budget = Annotated[int, typer.Option("--budget", "-N", help="Tree budget: non-ro
 Depth = Annotated[int, typer.Option("--depth", "-D", help="Tree depth (chain length for `chain`).")]
 TreeTopK = Annotated[int, typer.Option("--tree-top-k", "-K", help="Frontier width / children per expanded node.")]
 Kernels = Annotated[str, typer.Option("--kernels", help="auto | torch | triton verification backend.")]
+MethodOptions = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--option",
+        "-o",
+        help="Method-specific setting KEY=VALUE (value read as YAML), repeatable: -o thresholds=[0.3,0.2,0.05].",
+    ),
+]
 
 DEFAULTS = DecodeConfig()
 
@@ -38,6 +47,7 @@ def decode_config(
     depth: int,
     tree_top_k: int,
     kernels: str,
+    options: Sequence[str] | None = None,
 ) -> DecodeConfig:
     return DecodeConfig(
         method=method,
@@ -46,6 +56,7 @@ def decode_config(
         max_new_tokens=max_new_tokens,
         seed=seed,
         kernels=kernels,
+        method_options=parse_options(options or ()),
     )
 
 
