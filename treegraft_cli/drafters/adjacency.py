@@ -109,7 +109,7 @@ class AdjacencyTable:
         Candidates are attached depth by depth with ``add_children``: a retrieved token equal to an
         existing child merges into it (costing no slot, its retrieved children hang below the existing
         node). The first ``slots`` candidates that made new nodes, in priority order, are kept, so
-        every merge frees its slot for the next candidate.
+        every merge frees its slot for the next candidate. ``tree`` is grown in place; use the returned tree.
         """
         if slots <= 0 or template.size == 0:
             return tree
