@@ -134,8 +134,9 @@ def report(result: dict) -> None:
         stage_text = " ".join(f"{k.removeprefix('graft_')}={v} ({v / t.steps:.0%})" for k, v in stages.items())
         if stages or method == "graft":
             stage_text += f" none={t.steps - fired} ({(t.steps - fired) / max(t.steps, 1):.0%})"
+        forwards = sum(v for k, v in t.calls.items() if k != "adjacency" and not k.startswith("graft_"))
         print(f"{method:<10} {t.tau:>6.2f} {t.tokens_per_s:>7.2f} {t.tokens_per_s / ar:>7.2f}x {t.steps:>6} "
-              f"{t.calls['model'] / max(t.steps, 1):>10.2f} {t.mismatches:>8}  {stage_text}")
+              f"{forwards / max(t.steps, 1):>10.2f} {t.mismatches:>8}  {stage_text}")
 
 
 def to_json(result: dict) -> dict:
