@@ -254,7 +254,7 @@ def test_fixed_layers_resolve_from_the_method_name(tiny_self_pair):
 
 
 def test_method_options_from_the_command_line():
-    from treegraft_cli.cli.options import parse_method_options
+    from treegraft_cli.config import parse_options as parse_method_options
 
     assert parse_method_options(["layers=1,3", "call_budget=2", "policy=all-mid"]) == {
         "layers": "1,3",

@@ -7,9 +7,11 @@ which rejects unknown keys and runs each class's ``__post_init__`` validation.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+import yaml
 
 from .errors import ConfigError
 
@@ -32,6 +34,20 @@ def from_mapping(cls: type[T], values: Mapping[str, Any] | None, where: str = ""
         if isinstance(default, tuple) and isinstance(value, list):
             values[key] = tuple(tuple(v) if isinstance(v, list) else v for v in value)
     return cls(**values)
+
+
+def parse_options(pairs: Sequence[str]) -> dict[str, Any]:
+    """``["key=value", ...]`` → ``{key: value}``, each value read as YAML (``8``, ``[0,1,5]``, ``0.3``)."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"method option {pair!r} is not KEY=VALUE", "e.g. --option thresholds=[0.3,0.2,0.05]")
+        try:
+            options[key.strip()] = yaml.safe_load(text)
+        except yaml.YAMLError as failure:
+            raise ConfigError(f"method option {key}: cannot read {text!r}", f"give a YAML value ({failure})") from None
+    return options
 
 
 def _require(condition: bool, message: str, hint: str) -> None:

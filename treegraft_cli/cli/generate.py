@@ -26,7 +26,6 @@ from .options import (
     TopP,
     TreeTopK,
     decode_config,
-    parse_method_options,
 )
 
 
@@ -50,10 +49,7 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
 ) -> None:
     """Decode one chat prompt with one method; --json prints one JSON object."""
-    options = parse_method_options(option)
-    config = decode_config(
-        method, max_new_tokens, temperature, top_k, top_p, seed, budget, depth, tree_top_k, kernels, options
-    )
+    config = decode_config(method, max_new_tokens, temperature, top_k, top_p, seed, budget, depth, tree_top_k, kernels, option)
     with console.fetch_progress() as progress:
         pipeline = Pipeline.load(pair, dtype, device, progress)
     decoder = pipeline.decoder(config)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Sequence
+from typing import Annotated
 
 import typer
-import yaml
 
-from ..config import DecodeConfig, SamplingConfig, TreeConfig
-from ..errors import ConfigError
+from ..config import DecodeConfig, SamplingConfig, TreeConfig, parse_options
 from ..methods import method_names
 from ..pipeline import DEFAULT_PAIR
 
@@ -27,21 +26,14 @@ TreeTopK = Annotated[int, typer.Option("--tree-top-k", "-K", help="Frontier widt
 Kernels = Annotated[str, typer.Option("--kernels", help="auto | torch | triton verification backend.")]
 MethodOptions = Annotated[
     list[str] | None,
-    typer.Option("--option", "-o", help="Method setting KEY=VALUE (YAML value), repeatable, e.g. -o layers=1,3."),
+    typer.Option(
+        "--option",
+        "-o",
+        help="Method-specific setting KEY=VALUE (value read as YAML), repeatable: -o thresholds=[0.3,0.2,0.05].",
+    ),
 ]
 
 DEFAULTS = DecodeConfig()
-
-
-def parse_method_options(items: list[str] | None) -> dict[str, Any]:
-    """``["k=v", ...]`` → ``{k: yaml.safe_load(v)}``; a missing ``=`` is a ConfigError."""
-    options: dict[str, Any] = {}
-    for item in items or ():
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"bad --option {item!r}", "write --option KEY=VALUE")
-        options[key.strip()] = yaml.safe_load(value)
-    return options
 
 
 def decode_config(
@@ -55,7 +47,7 @@ def decode_config(
     depth: int,
     tree_top_k: int,
     kernels: str,
-    method_options: dict[str, Any] | None = None,
+    options: Sequence[str] | None = None,
 ) -> DecodeConfig:
     return DecodeConfig(
         method=method,
@@ -64,8 +56,8 @@ def decode_config(
         max_new_tokens=max_new_tokens,
         seed=seed,
         kernels=kernels,
-        method_options=method_options or {},
+        method_options=parse_options(options or ()),
     )
 
 
-__all__ = ["DEFAULT_PAIR", "DEFAULTS", "decode_config", "parse_method_options"]
+__all__ = ["DEFAULT_PAIR", "DEFAULTS", "decode_config"]

@@ -1,6 +1,6 @@
 """Decoding methods. Importing this package registers every built-in method."""
 
-from . import ar, model_drafting, treegraft  # noqa: F401  (registration side effect)
+from . import ar, graft, model_drafting, treegraft  # noqa: F401  (registration side effect)
 from .base import METHODS, Method, Models, Observation, Prefill, create_method, method_names
 
 __all__ = ["METHODS", "Method", "Models", "Observation", "Prefill", "create_method", "method_names"]

@@ -1,0 +1,172 @@
+"""Rank templates: the static shape of a retrieved tree (DESIGN.md §4, Graft).
+
+A template node ``u`` says "take successor number ``r_u`` of my parent's token": materialised from a
+root by ``x_u = M[x_parent(u), r_u]`` against the adjacency table ``M``. The shape depends only on the
+slot count, so it is built once per configuration, in Python, and every step only runs a handful of
+batched gathers (one per depth).
+
+How a template is derived
+-------------------------
+* Per-depth counts. The paper's 52-slot template is ``BASE_TEMPLATE = [8,10,8,6,5,4,4,4,3]`` (depth 1
+  first). For ``S`` slots the base is scaled by ``S / 52`` with largest-remainder rounding (ties go to
+  the shallower depth), then repaired so that every depth up to the deepest holds at least one node and
+  at most ``k`` times the depth above; slots the repair frees extend the chain deeper. The counts sum to
+  ``S`` exactly; ``scale_counts(BASE_TEMPLATE, 52, k)`` returns the base unchanged. An explicit count list
+  (from a profile or ``--option``) replaces the scaled one.
+* Which parent gets which child. Every node carries a prior weight ``w(u) = prod over its path of
+  q(r)``, ``q(r) = 1 / (r + 2)`` (rank 0 is twice as likely as being wrong, and the odds fall with rank
+  like the hit rates of a top-k successor list). Depth ``d + 1`` takes its ``count`` best children
+  (parent at depth ``d``, rank ``r < k``) by ``w``. The rank-0 chain has the highest weight at every
+  depth, so it is always present and reaches the deepest depth.
+* Overflow candidates. Grafting merges retrieved tokens that duplicate an existing child; each merge
+  frees a slot that goes to the next candidate. So a template is followed by an extension: the best
+  further (parent, next rank) children by ``w``, best first, up to ``total`` candidates.
+
+Candidates are stored in priority order (template by descending weight, then the extension in the
+order it was grown). A child weighs strictly less than its parent, so every prefix of that order is
+prefix-closed: cutting after the first ``n`` accepted candidates always leaves a valid tree.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+BASE_TEMPLATE = (8, 10, 8, 6, 5, 4, 4, 4, 3)  # the paper's 52-slot template, depth 1 first
+
+
+def rank_log_prior(rank: int) -> float:
+    """log q(r): the prior log-weight of taking successor ``rank`` of a row."""
+    return -math.log(rank + 2)
+
+
+def scale_counts(base: Sequence[int], slots: int, k: int) -> tuple[int, ...]:
+    """Per-depth node counts for ``slots`` retrieval slots, shaped like ``base`` (see module docstring)."""
+    if slots <= 0:
+        return ()
+    total = sum(base)
+    raw = [c * slots / total for c in base]
+    counts = [math.floor(x) for x in raw]
+    by_remainder = sorted(range(len(raw)), key=lambda d: (-(raw[d] - counts[d]), d))
+    for d in by_remainder[: slots - sum(counts)]:
+        counts[d] += 1
+    return _repair(counts, slots, k)
+
+
+def _repair(counts: Sequence[int], slots: int, k: int) -> tuple[int, ...]:
+    """No empty depth above a filled one, at most ``k`` children per parent, exactly ``slots`` nodes."""
+    out: list[int] = []
+    above, left = 1, slots
+    for count in counts:
+        if left == 0:
+            break
+        count = min(max(count, 1), above * k, left)
+        out.append(count)
+        above, left = count, left - count
+    while left > 0:  # the repair took slots from deeper levels: extend the chain
+        count = min(left, above * k)
+        out.append(count)
+        above, left = count, left - count
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class RankTemplate:
+    """Candidates in priority order; index ``-1`` in ``parents`` is the root."""
+
+    parents: torch.Tensor  # [S] candidate index of the parent, -1 for the root
+    ranks: torch.Tensor  # [S] successor rank within the parent's table row (0 = best)
+    depths: torch.Tensor  # [S] 1 for the root's children
+    log_prior: torch.Tensor  # [S] float32, log q(rank): the node's own step, added to its parent's score
+    levels: tuple[torch.Tensor, ...]  # candidate indices at depth 1, 2, ...: one gather each
+    template_size: int  # the first template_size candidates are the template, the rest its extension
+
+    @property
+    def size(self) -> int:
+        return self.parents.shape[0]
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        """Nodes per depth among the template part (without the extension)."""
+        depths = self.depths[: self.template_size]
+        deepest = int(depths.max()) if depths.numel() else 0
+        return tuple(int((depths == d).sum()) for d in range(1, deepest + 1))
+
+
+def build_template(
+    counts: Sequence[int], total: int, k: int, device: torch.device | str = "cpu"
+) -> RankTemplate:
+    """The template with per-depth ``counts`` plus its extension, ``max(total, sum(counts))`` candidates at most."""
+    nodes = _template_nodes(counts, k)  # (log weight, depth, parent, rank); parent indexes nodes, -1 root
+    order = sorted(range(len(nodes)), key=lambda i: (-nodes[i][0], nodes[i][1], i))
+    nodes = _reindex(nodes, order)
+    template_size = len(nodes)
+    nodes += _extension(nodes, total - template_size, k)
+    return _to_tensors(nodes, template_size, device)
+
+
+def _template_nodes(counts: Sequence[int], k: int) -> list[tuple[float, int, int, int]]:
+    nodes: list[tuple[float, int, int, int]] = []
+    level = [(-1, 0.0)]  # (node index, log weight) of the previous depth; the root first
+    for depth, count in enumerate(counts, start=1):
+        candidates = [
+            (weight + rank_log_prior(rank), position, rank, parent)
+            for position, (parent, weight) in enumerate(level)
+            for rank in range(k)
+        ]
+        candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
+        level = []
+        for weight, _, rank, parent in candidates[:count]:
+            level.append((len(nodes), weight))
+            nodes.append((weight, depth, parent, rank))
+    return nodes
+
+
+def _reindex(nodes: list[tuple[float, int, int, int]], order: list[int]) -> list[tuple[float, int, int, int]]:
+    new_index = {old: new for new, old in enumerate(order)}
+    new_index[-1] = -1
+    return [(nodes[i][0], nodes[i][1], new_index[nodes[i][2]], nodes[i][3]) for i in order]
+
+
+def _extension(nodes: list[tuple[float, int, int, int]], extra: int, k: int) -> list[tuple[float, int, int, int]]:
+    """Grow ``extra`` more candidates best-first: each node offers its next unused rank."""
+    if extra <= 0:
+        return []
+    used = {-1: 0}
+    weights = {-1: 0.0}
+    depths = {-1: 0}
+    for index, (weight, depth, parent, _) in enumerate(nodes):
+        used[parent] = used.get(parent, 0) + 1
+        used.setdefault(index, 0)
+        weights[index], depths[index] = weight, depth
+    heap = [(-(weights[n] + rank_log_prior(used[n])), n) for n in used if used[n] < k]  # max-heap by weight
+    heapq.heapify(heap)
+    added: list[tuple[float, int, int, int]] = []
+    while heap and len(added) < extra:
+        negative_weight, parent = heapq.heappop(heap)
+        index = len(nodes) + len(added)
+        added.append((-negative_weight, depths[parent] + 1, parent, used[parent]))
+        used[parent] += 1
+        weights[index], depths[index], used[index] = -negative_weight, depths[parent] + 1, 0
+        if used[parent] < k:
+            heapq.heappush(heap, (-(weights[parent] + rank_log_prior(used[parent])), parent))
+        heapq.heappush(heap, (-(weights[index] + rank_log_prior(0)), index))
+    return added
+
+
+def _to_tensors(nodes: list[tuple[float, int, int, int]], template_size: int, device) -> RankTemplate:
+    depths = torch.tensor([n[1] for n in nodes], dtype=torch.long, device=device)
+    ranks = torch.tensor([n[3] for n in nodes], dtype=torch.long, device=device)
+    max_depth = int(depths.max()) if nodes else 0
+    return RankTemplate(
+        parents=torch.tensor([n[2] for n in nodes], dtype=torch.long, device=device),
+        ranks=ranks,
+        depths=depths,
+        log_prior=torch.tensor([rank_log_prior(n[3]) for n in nodes], dtype=torch.float32, device=device),
+        levels=tuple(torch.nonzero(depths == d).flatten() for d in range(1, max_depth + 1)),
+        template_size=template_size,
+    )

@@ -1,0 +1,209 @@
+"""Graft (prune-then-graft, DESIGN.md §4) and its retrieval-only baseline ``adjacency``.
+
+``adjacency`` (Token Recycling-style): every tree is the rank template of budget N materialised from
+the root through the online adjacency table; no model drafter.
+
+``graft``: EAGLE-2 dense drafting (the same pool ``dense`` builds) with confidence checkpoints. A
+checkpoint ``d`` is a 0-based drafting layer (layer ``d`` holds the nodes at tree depth ``d + 1``,
+the paper's indexing); after that layer is drafted, ``c_d = exp(max cumulative log-prob at that depth)``
+is compared with ``τ_d``. The first checkpoint with ``c_d < τ_d`` fires: drafting stops, the stage's
+``K_draft`` best draft nodes are kept (prefix-closed) and the remaining ``N - kept`` slots are grafted
+from that stage's retrieval template (merged under the shared root, duplicates merged per parent).
+No checkpoint fires: the top-N of the full pool, exactly like ``dense``. A checkpoint at or past the
+last drafted layer (``--depth`` D layers) is checked on the last layer, so the paper's (0, 1, 5) works
+with any D. ``K_draft`` above N is read as N.
+
+Stage templates: ``templates[i]`` (per-depth counts) if given, else ``base_template`` scaled to
+``N - K_draft_i`` slots (see ``drafters/rank_template.py``). Stage statistics go to ``drafter_calls()``:
+``{"model": forwards, "adjacency": 1, "graft_stage_<i>": 1}`` where ``i`` indexes ``checkpoints``.
+
+The adjacency table is kept across requests (one method object per decoder); its rows are refreshed
+from every prompt's prefill; ``reset_table()`` clears it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..config import DecodeConfig, from_mapping
+from ..drafters.adjacency import AdjacencyTable
+from ..drafters.rank_template import BASE_TEMPLATE, RankTemplate, build_template, scale_counts
+from ..errors import ConfigError
+from ..tree import DraftTree
+from .base import Method, Models, Observation, Prefill, register
+from .model_drafting import DenseMethod
+
+
+def _check(condition: bool, message: str, hint: str) -> None:
+    if not condition:
+        raise ConfigError(message, hint)
+
+
+def _check_counts(counts: tuple[int, ...], name: str) -> None:
+    _check(all(isinstance(c, int) and c >= 1 for c in counts), f"{name} {counts} must hold positive integers",
+           "give nodes per depth, depth 1 first, e.g. [8,10,8,6,5,4,4,4,3]")
+
+
+@dataclass(frozen=True)
+class AdjacencyConfig:
+    """Options of ``adjacency`` (``--option key=value``)."""
+
+    table_k: int = 8  # successors kept per vocabulary token
+    template: tuple[int, ...] = ()  # nodes per depth; empty: base_template scaled to the budget
+    base_template: tuple[int, ...] = BASE_TEMPLATE
+
+    def __post_init__(self) -> None:
+        _check(self.table_k >= 1, f"table_k {self.table_k} < 1", "use --option table_k=8")
+        _check_counts(self.template, "template")
+        _check(len(self.base_template) > 0, "base_template is empty", "give nodes per depth")
+        _check_counts(self.base_template, "base_template")
+
+
+@dataclass(frozen=True)
+class GraftConfig:
+    """Options of ``graft`` (``--option key=value``); one entry per checkpoint in each tuple."""
+
+    checkpoints: tuple[int, ...] = (0, 1, 5)  # 0-based drafting layers
+    thresholds: tuple[float, ...] = (0.35, 0.2, 0.05)  # τ_d: fire when c_d < τ_d
+    draft_nodes: tuple[int, ...] = (8, 24, 40)  # K_draft kept when the stage fires
+    templates: tuple[tuple[int, ...], ...] = ()  # per-stage nodes per depth; empty: scaled base_template
+    base_template: tuple[int, ...] = BASE_TEMPLATE
+    table_k: int = 8
+
+    def __post_init__(self) -> None:
+        n = len(self.checkpoints)
+        _check(n >= 1, "graft needs at least one checkpoint", "use --option checkpoints=[0,1,5]")
+        _check(len(self.thresholds) == n and len(self.draft_nodes) == n,
+               f"{n} checkpoints but {len(self.thresholds)} thresholds and {len(self.draft_nodes)} draft_nodes",
+               "give one threshold and one draft_nodes entry per checkpoint")
+        _check(all(b > a for a, b in zip(self.checkpoints, self.checkpoints[1:], strict=False)) and min(self.checkpoints) >= 0,
+               f"checkpoints {self.checkpoints} must be increasing layers >= 0", "e.g. --option checkpoints=[0,1,5]")
+        _check(all(0 <= t <= 1 for t in self.thresholds), f"thresholds {self.thresholds} outside [0, 1]",
+               "a confidence is a probability; 0 never fires")
+        _check(all(k >= 0 for k in self.draft_nodes), f"draft_nodes {self.draft_nodes} < 0", "e.g. [8,24,40]")
+        _check(len(self.templates) in (0, n), f"{len(self.templates)} templates for {n} checkpoints",
+               "give one template per checkpoint or none")
+        for template in self.templates:
+            _check_counts(template, "template")
+        _check(len(self.base_template) > 0, "base_template is empty", "give nodes per depth")
+        _check_counts(self.base_template, "base_template")
+        _check(self.table_k >= 1, f"table_k {self.table_k} < 1", "use --option table_k=8")
+
+
+@register
+class AdjacencyMethod(Method):
+    """Retrieval only: the budget-N rank template materialised from the root through the table."""
+
+    name = "adjacency"
+    description = "retrieval-only trees from the online adjacency table (Token Recycling-style)"
+
+    def __init__(self, models: Models, config: DecodeConfig):
+        super().__init__(models, config)
+        self.options = from_mapping(AdjacencyConfig, config.method_options, where="adjacency options")
+        budget, k = config.tree.budget, self.options.table_k
+        counts = self.options.template or scale_counts(self.options.base_template, budget, k)
+        self.template = build_template(counts, budget, k, models.target.device)
+        self.table = AdjacencyTable(k)
+
+    def reset_table(self) -> None:
+        self.table.reset()
+
+    def start(self, prefill: Prefill) -> None:
+        self.table.write_prompt(prefill.prompt_ids, prefill.logits)
+
+    def draft(self, committed: torch.Tensor) -> DraftTree:
+        tree = DraftTree.from_root(int(committed[-1]), self.models.target.device)
+        return self.table.graft(tree, self.template, self.config.tree.budget)
+
+    def observe(self, observation: Observation) -> None:
+        self.table.write_verified(observation.tree, observation.path, observation.logits)
+
+    def drafter_calls(self) -> dict[str, int]:
+        return {"adjacency": 1}
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One checkpoint, resolved against the tree config."""
+
+    layer: int  # drafting layer it is checked after
+    log_threshold: float  # log τ_d: fire when the best score at that layer is below it
+    draft_nodes: int  # K_draft, at most N
+    template: RankTemplate
+
+
+@register
+class GraftMethod(DenseMethod):
+    """Dense drafting pruned at confidence checkpoints, the freed slots grafted from the adjacency table."""
+
+    name = "graft"
+    description = "dense drafting with confidence checkpoints; pruned slots filled by adjacency retrieval"
+
+    def __init__(self, models: Models, config: DecodeConfig):
+        super().__init__(models, config)
+        self.options = from_mapping(GraftConfig, config.method_options, where="graft options")
+        self.table = AdjacencyTable(self.options.table_k)
+        self.stages = self._stages(models.target.device)
+        self.fired: int | None = None
+
+    def _stages(self, device: torch.device) -> tuple[Stage, ...]:
+        options, budget, last_layer = self.options, self.config.tree.budget, self.config.tree.depth - 1
+        stages = []
+        for i, checkpoint in enumerate(options.checkpoints):
+            kept = min(options.draft_nodes[i], budget)
+            counts = options.templates[i] if options.templates else scale_counts(
+                options.base_template, budget - kept, options.table_k
+            )
+            stages.append(Stage(
+                layer=min(checkpoint, last_layer),
+                log_threshold=math.log(options.thresholds[i]) if options.thresholds[i] > 0 else -math.inf,
+                draft_nodes=kept,
+                template=build_template(counts, budget, options.table_k, device),
+            ))
+        return tuple(stages)
+
+    def reset_table(self) -> None:
+        self.table.reset()
+
+    def start(self, prefill: Prefill) -> None:
+        super().start(prefill)
+        self.table.write_prompt(prefill.prompt_ids, prefill.logits)
+
+    def observe(self, observation: Observation) -> None:
+        super().observe(observation)
+        self.table.write_verified(observation.tree, observation.path, observation.logits)
+
+    def draft(self, committed: torch.Tensor) -> DraftTree:
+        k, budget = self.config.tree.top_k, self.config.tree.budget
+        self.fired = None
+        tree = DraftTree.from_root(int(committed[-1]), self.drafter.device)
+        logits = self.drafter.begin_step(committed)[None]
+        frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
+        for layer in range(self.config.tree.depth):
+            if layer > 0:
+                logits = self.drafter.forward_nodes(tree, frontier)
+            frontier = self.expand(tree, frontier, logits, k)
+            self.fired = self.stage_fired(tree, layer)
+            if self.fired is not None:
+                stage = self.stages[self.fired]
+                kept = tree.top_by_score(stage.draft_nodes)
+                return self.table.graft(kept, stage.template, budget - kept.size)
+        return tree.top_by_score(budget)
+
+    def stage_fired(self, tree: DraftTree, layer: int) -> int | None:
+        """Index of the first checkpoint on ``layer`` whose confidence is below its threshold, else None."""
+        stages = [i for i, stage in enumerate(self.stages) if stage.layer == layer]
+        if not stages:
+            return None
+        best = float(tree.scores[tree.depths == layer + 1].max())  # log c_d
+        return next((i for i in stages if best < self.stages[i].log_threshold), None)
+
+    def drafter_calls(self) -> dict[str, int]:
+        calls = super().drafter_calls()
+        if self.fired is not None:
+            calls["adjacency"] = 1
+            calls[f"graft_stage_{self.fired}"] = 1
+        return calls
