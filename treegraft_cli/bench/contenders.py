@@ -59,7 +59,7 @@ def contender_names() -> list[str]:
 
 
 def check_names(names: list[str]) -> None:
-    unknown = [n for n in names if n not in METHODS and n not in PEERS]
+    unknown = [n for n in names if n.partition(":")[0] not in METHODS and n not in PEERS]
     if unknown:
         raise ConfigError(f"unknown method(s) {', '.join(unknown)}", f"choose from: {', '.join(contender_names())}")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 from typing import Annotated
 
@@ -54,7 +56,7 @@ def bench(
     run = resolve_run(pair, profile, dtype, device, max_new_tokens or default_tokens, temperature, budget, depth, tree_top_k)
     questions = suite_questions(suite, prompts or (), num_prompts)
     reference = load_baseline(baseline) if baseline else None
-    chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
+    chosen = split_methods(methods) if methods else None
     if chosen:
         check_names(chosen)  # before the models load
     with console.fetch_progress() as progress:
@@ -88,3 +90,8 @@ def bench(
     console.json_line(line)
     if failed:
         raise typer.Exit(1)
+
+
+def split_methods(methods: str) -> list[str]:
+    """``"dense,fixed:1,3,graft"`` → ``["dense", "fixed:1,3", "graft"]``: a comma before a digit continues a method argument."""
+    return [m.strip() for m in re.split(r",(?!\s*\d)", methods) if m.strip()]
