@@ -73,3 +73,14 @@ def test_pair_resolves_through_its_profile_and_options_override():
     assert default.config.max_new_tokens == 64
     bare = resolve_run("tiny-random", None, "fp32", None, None, None, None, None, None)
     assert bare.profile_name is None and bare.config.tree.budget == 60
+
+
+def test_method_option_typo_names_the_field():
+    from treegraft_cli.profiles import profile_from_mapping
+
+    document = {"pair": "tiny-random@layers=2:tiny-random", "method_options": {"graft": {"treshold": [0.3]}}}
+    with pytest.raises(ConfigError, match="method_options.graft"):
+        profile_from_mapping(document, "p.yaml")
+    document["method_options"] = {"warp-drive": {}}
+    with pytest.raises(ConfigError, match="no such method"):
+        profile_from_mapping(document, "p.yaml")

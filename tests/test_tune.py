@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from treegraft_cli.cli import app
 from treegraft_cli.config import DecodeConfig
 from treegraft_cli.errors import ConfigError
+from treegraft_cli.methods import METHODS
 from treegraft_cli.profiles import load_profile
 from treegraft_cli.tune import apply, load_space, space_names
 
@@ -46,9 +47,10 @@ def test_every_space_loads_and_its_defaults_build_a_config(method):
     space = load_space(method)
     config = apply(DecodeConfig(), space.method, space.resolve(space.defaults))
     assert config.method == method
+    METHODS[method].parse_options(config.method_options)  # the space's keys are the method's own options
     if method == "graft":
-        assert config.method_options["splits"] == [8, 24, 40]
-        assert config.method_options["template"] == [8, 10, 8, 6, 5, 4, 4, 4, 3]
+        assert config.method_options["draft_nodes"] == [8, 24, 40]
+        assert config.method_options["base_template"] == [8, 10, 8, 6, 5, 4, 4, 4, 3]
 
 
 def test_malformed_space_names_the_field(tmp_path):

@@ -35,6 +35,7 @@ import yaml
 
 from .config import DecodeConfig, SamplingConfig, TreeConfig, from_mapping
 from .errors import ConfigError
+from .methods import METHODS, method_names
 from .models.load import DTYPES
 
 PROFILES_ENV = "TREEGRAFT_PROFILES"
@@ -132,6 +133,7 @@ def profile_from_mapping(document: Any, source: str = "profile", default_name: s
     if not isinstance(options, Mapping) or not all(isinstance(v, Mapping) for v in options.values()):
         raise ConfigError(f"{source}: method_options must map each method name to a mapping of its options",
                           "write method_options: {METHOD: {option: value}}")
+    _check_method_options(options, source)
     for key in ("cost", "tuned"):
         if not isinstance(document.get(key) or {}, Mapping):
             raise ConfigError(f"{source}: {key} must be a mapping", f"write {key} as key: value lines")
@@ -147,6 +149,15 @@ def profile_from_mapping(document: Any, source: str = "profile", default_name: s
         tuned=dict(document.get("tuned") or {}),
         source=source,
     )
+
+
+def _check_method_options(options: Mapping[str, Mapping[str, Any]], source: str) -> None:
+    """Each method's options must build that method's own settings: a typo names the field."""
+    for name, values in options.items():
+        cls = METHODS.get(str(name).partition(":")[0])
+        if cls is None:
+            raise ConfigError(f"{source}: method_options.{name}: no such method", f"methods are: {', '.join(method_names())}")
+        cls.parse_options(values, f"{source}: method_options.{name}")
 
 
 def load_profile_file(path: Path) -> Profile:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
-from ..config import DecodeConfig
+from ..config import DecodeConfig, from_mapping
 from ..errors import ConfigError
 from ..lm import CausalLM
 from ..tree import DraftTree
@@ -58,6 +59,7 @@ class Method(ABC):
     name: ClassVar[str] = ""
     needs_drafter: ClassVar[bool] = False
     description: ClassVar[str] = ""
+    options_class: ClassVar[type | None] = None  # frozen dataclass of the method's own settings
 
     def __init__(self, models: Models, config: DecodeConfig):
         self.models = models
@@ -76,6 +78,15 @@ class Method(ABC):
     def drafter_calls(self) -> dict[str, int]:
         """Drafter invocations in the last step, by drafter name."""
         return {}
+
+    @classmethod
+    def parse_options(cls, options: Mapping[str, Any], where: str = "") -> Any:
+        """The method's settings built from ``options`` (ConfigError naming ``where`` on a bad key or value)."""
+        if cls.options_class is None:
+            if options:
+                raise ConfigError(f"{where or cls.name}: method {cls.name!r} takes no options", "remove them")
+            return None
+        return from_mapping(cls.options_class, options, where or f"{cls.name} options")
 
     @classmethod
     def options_from_argument(cls, argument: str) -> dict[str, Any]:

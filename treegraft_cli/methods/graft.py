@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import DecodeConfig, from_mapping
+from ..config import DecodeConfig
 from ..drafters.adjacency import AdjacencyTable
 from ..drafters.rank_template import BASE_TEMPLATE, RankTemplate, build_template, scale_counts
 from ..errors import ConfigError
@@ -98,11 +98,12 @@ class AdjacencyMethod(Method):
     """Retrieval only: the budget-N rank template materialised from the root through the table."""
 
     name = "adjacency"
+    options_class = AdjacencyConfig
     description = "retrieval-only trees from the online adjacency table (Token Recycling-style)"
 
     def __init__(self, models: Models, config: DecodeConfig):
         super().__init__(models, config)
-        self.options = from_mapping(AdjacencyConfig, config.method_options, where="adjacency options")
+        self.options = self.parse_options(config.method_options)
         budget, k = config.tree.budget, self.options.table_k
         counts = self.options.template or scale_counts(self.options.base_template, budget, k)
         self.template = build_template(counts, budget, k, models.target.device)
@@ -140,11 +141,12 @@ class GraftMethod(DenseMethod):
     """Dense drafting pruned at confidence checkpoints, the freed slots grafted from the adjacency table."""
 
     name = "graft"
+    options_class = GraftConfig
     description = "dense drafting with confidence checkpoints; pruned slots filled by adjacency retrieval"
 
     def __init__(self, models: Models, config: DecodeConfig):
         super().__init__(models, config)
-        self.options = from_mapping(GraftConfig, config.method_options, where="graft options")
+        self.options = self.parse_options(config.method_options)
         self.table = AdjacencyTable(self.options.table_k)
         self.stages = self._stages(models.target.device)
         self.fired: int | None = None

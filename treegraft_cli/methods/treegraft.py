@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..config import DecodeConfig, from_mapping
+from ..config import DecodeConfig
 from ..drafters.ngram import NgramIndex, TargetLogProbCache
 from ..drafters.strong import TreeDrafter
 from ..errors import ConfigError
@@ -43,13 +43,14 @@ class TreeGraftMethod(Method):
     """Weak n-gram + strong model drafter on one tree; the call policy decides per layer."""
 
     name = "treegraft"
+    options_class = TreeGraftConfig
     needs_drafter = True
     description = "TreeGraft: n-gram + model drafter on one shared tree, cost-aware strong calls"
     default_policy = CostAwareRule.name
 
     def __init__(self, models: Models, config: DecodeConfig):
         super().__init__(models, config)
-        self.options = from_mapping(TreeGraftConfig, config.method_options, where=f"method {self.name}")
+        self.options = self.parse_options(config.method_options)
         self.index = NgramIndex(self.options.max_n)
         self.target_logp = _target_logp(self.options)
         self.strong = self._strong_drafter(models)
@@ -151,11 +152,12 @@ class NgramMethod(Method):
     """Prompt lookup: the longest-suffix match's continuation as one chain."""
 
     name = "ngram"
+    options_class = TreeGraftConfig
     description = "prompt-lookup chain from the n-gram index (no model drafter)"
 
     def __init__(self, models: Models, config: DecodeConfig):
         super().__init__(models, config)
-        self.options = from_mapping(TreeGraftConfig, config.method_options, where=f"method {self.name}")
+        self.options = self.parse_options(config.method_options)
         self.index = NgramIndex(self.options.max_n)
 
     def start(self, prefill: Prefill) -> None:
