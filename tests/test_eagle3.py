@@ -77,7 +77,7 @@ def reference_root_logits(head: Eagle3Head, target: LoadedModel, committed: torc
     return full
 
 
-@pytest.mark.parametrize("method", ["chain", "dense"])
+@pytest.mark.parametrize("method", ["chain", "dense", "graft"])
 @pytest.mark.parametrize("draft_vocab", [DRAFT_VOCAB, None])  # reduced, and the full target vocabulary
 def test_greedy_output_equals_plain_greedy(target, method, draft_vocab):
     overrides = {} if draft_vocab else {"draft_vocab_size": target.model.config.vocab_size}
@@ -86,7 +86,9 @@ def test_greedy_output_equals_plain_greedy(target, method, draft_vocab):
     config = DecodeConfig(method=method, tree=TreeConfig(budget=24, depth=4, top_k=4), max_new_tokens=40)
     result = speculative(pair, config, prompt)
     assert result.output_ids == reference_greedy(target, prompt, 40)
-    assert all(step.drafter_calls == {"eagle3": 4} for step in result.steps)
+    # chain and dense call the head once per layer; graft may stop drafting early at a checkpoint
+    calls = [step.drafter_calls["eagle3"] for step in result.steps]
+    assert all(c == 4 for c in calls) if method != "graft" else all(1 <= c <= 4 for c in calls)
 
 
 def test_factory_gives_eagle3_drafter_and_turns_on_capture(target):
