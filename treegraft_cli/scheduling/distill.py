@@ -49,15 +49,20 @@ class Decisions:
         return Decisions(self.features[mask], self.value_call[mask], self.value_skip[mask], [self.groups[i] for i in keep])
 
 
-def decisions_from_rows(table) -> Decisions:
-    """From a rollout ``datasets.Dataset`` (or anything with the same columns)."""
+def columns(table) -> dict[str, list]:
+    """A rollout ``datasets.Dataset`` as plain column lists; an empty one is an error."""
     if len(table) == 0:
         raise ConfigError("the rollouts hold no labelled decisions", "collect more prompts or tokens (or a lower --every)")
+    return dict(table[: len(table)])
+
+
+def decisions_from_rows(table) -> Decisions:
+    data = columns(table)
     return Decisions(
-        torch.tensor(table["features"], dtype=torch.float32),
-        torch.tensor(table["value_call"], dtype=torch.float32),
-        torch.tensor(table["value_skip"], dtype=torch.float32),
-        [str(k) for k in table["key"]],
+        torch.tensor(data["features"], dtype=torch.float32),
+        torch.tensor(data["value_call"], dtype=torch.float32),
+        torch.tensor(data["value_skip"], dtype=torch.float32),
+        [str(k) for k in data["key"]],
     )
 
 

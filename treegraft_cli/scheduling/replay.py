@@ -25,6 +25,7 @@ from ..errors import ConfigError
 from ..grafting.config import parse_layers
 from .artifact import DistilledScheduler
 from .cost_profile import CostProfile
+from .distill import columns
 
 FIXED_POLICIES = ("always-call", "never-call", "oracle", "collected")
 
@@ -57,6 +58,7 @@ class Priced:
 
 
 def price(table, profile: CostProfile, tree: dict) -> Priced:
+    table = columns(table)
     width, budget = int(tree["top_k"]), int(tree["budget"])
     contexts = [int(c) for c in table["context_length"]]
 
@@ -102,8 +104,6 @@ def choose(policy: str, priced: Priced, scheduler: DistilledScheduler | None) ->
 
 
 def replay(table, tree: dict, profile: CostProfile, policies: Sequence[str], scheduler: DistilledScheduler | None = None) -> list[ReplayResult]:
-    if len(table) == 0:
-        raise ConfigError("the rollouts hold no labelled decisions", "collect more prompts or tokens")
     priced = price(table, profile, tree)
     results = []
     for policy in policies:

@@ -146,8 +146,8 @@ def read_rollouts(root: Path) -> tuple[dict[str, Any], datasets.Dataset]:
     keys = shard_keys(root)
     if not keys:
         raise ConfigError(f"{root} holds no rollout shards", "run `treegraft collect --out DIR` first")
-    tables = [read_shard(root, key) for key in keys]
-    return settings, datasets.concatenate_datasets(tables)
+    tables = [table for table in (read_shard(root, key) for key in keys) if len(table)]  # a prompt may label nothing
+    return settings, datasets.concatenate_datasets(tables) if tables else datasets.Dataset.from_dict({})
 
 
 def read_settings(root: Path) -> dict[str, Any]:
