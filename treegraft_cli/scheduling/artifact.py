@@ -4,7 +4,7 @@ The artifact is one JSON file (no pickle: loading runs no code)::
 
     kind: treegraft-scheduler, version: 1
     feature_names: the 17 names, in ``grafting.scheduler.FEATURE_NAMES`` order (checked on load)
-    feature_mean, feature_scale: z = (x − mean) · scale; scale = 1/std, 0 for a feature that was
+    feature_mean, feature_scale: z = clip((x − mean) · scale, ±5); scale = 1/std, 0 for a feature that was
         constant in the rollouts (e.g. the cost features of a single-profile collection) — it carried no
         information, so a different value at run time must not push the MLP off its training range
     margin_mean, margin_std: margin = mlp(z) · std + mean (tokens per modelled second)
@@ -32,6 +32,8 @@ from .cost_profile import atomic_write_text
 
 KIND = "treegraft-scheduler"
 HIDDEN = (64, 32)
+CLIP = 5.0  # standardised inputs are clipped to ±CLIP: a feature far outside the rollouts' range (another
+# device's costs, an unseen prompt length) saturates instead of driving the MLP into untrained territory
 FIX = "write it with `treegraft distill --rollouts DIR --out FILE`"
 
 
@@ -60,7 +62,7 @@ class Normaliser:
         return cls(features.mean(dim=0), scale, float(margins.mean()), margin_std if margin_std > 1e-9 else 1.0)
 
     def inputs(self, features: torch.Tensor) -> torch.Tensor:  # [..., 17] → [..., 17]
-        return (features - self.feature_mean) * self.feature_scale
+        return ((features - self.feature_mean) * self.feature_scale).clamp(-CLIP, CLIP)
 
     def targets(self, margins: torch.Tensor) -> torch.Tensor:
         return (margins - self.margin_mean) / self.margin_std

@@ -95,7 +95,7 @@ def choose(policy: str, priced: Priced, scheduler: DistilledScheduler | None) ->
     if name == "collected":
         return priced.real_call
     if name == "fixed":
-        return torch.isin(priced.layers, torch.tensor(parse_layers(argument)))
+        return torch.isin(priced.layers, torch.tensor(parse_layers(argument), dtype=torch.long))
     if name == "learned":
         if scheduler is None:
             raise ConfigError("policy 'learned' needs a scheduler artifact", "pass --scheduler FILE")

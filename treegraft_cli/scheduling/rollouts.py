@@ -88,6 +88,7 @@ class ProbingMethod(Method):
         self.costs, self.continuation, self.every = costs, continuation, every
         self.rows: list[dict[str, Any]] = []
         self.step = 0
+        self.taus: dict[tuple, int] = {}  # this step's verified trees: probes often rebuild the same one
 
     def start(self, prefill: Prefill) -> None:
         tree = self.config.tree
@@ -98,6 +99,7 @@ class ProbingMethod(Method):
     def draft(self, committed: torch.Tensor) -> DraftTree:  # committed: [L], root last
         tree, records = self.inner.build(committed, record=True)
         if self.step % self.every == 0:
+            self.taus = {}
             real = {r.layer: r.called for r in records}
             for record in records:
                 row = self.probe(committed, real, record.layer)
@@ -121,6 +123,12 @@ class ProbingMethod(Method):
     @torch.no_grad()
     def accepted(self, tree: DraftTree) -> int:
         """τ of ``tree`` against the target, on a scratch extension of its cache (cropped back after)."""
+        key = (tuple(tree.tokens.tolist()), tuple(tree.parents.tolist()))
+        if key not in self.taus:
+            self.taus[key] = self.verify(tree)
+        return self.taus[key]
+
+    def verify(self, tree: DraftTree) -> int:
         prefix = self.target.cache_length
         ancestor_mask, _ = self.backend.tree_buffers(tree.parents[None])
         try:

@@ -84,6 +84,7 @@ def write_shard(root: Path, key: str, rows: Sequence[Mapping[str, Any]], fmt: st
     """Write one prompt's rows, then its receipt; both atomic."""
     if fmt not in FORMATS:
         raise ConfigError(f"unknown shard format {fmt!r}", f"use one of: {', '.join(FORMATS)}")
+    fmt = fmt if rows else "jsonl"  # a prompt that labelled nothing: an empty JSONL (Parquet needs columns)
     directory = _shard_dir(root)
     directory.mkdir(parents=True, exist_ok=True)
     _receipt_path(root, key).unlink(missing_ok=True)  # a redone shard is unsealed until its new receipt lands
@@ -94,7 +95,7 @@ def write_shard(root: Path, key: str, rows: Sequence[Mapping[str, Any]], fmt: st
         table = datasets.Dataset.from_list([dict(row) for row in rows])
         if fmt == "parquet":
             table.to_parquet(temporary)
-        else:
+        elif rows:
             table.to_json(temporary, lines=True)
         os.replace(temporary, path)
     except BaseException:
