@@ -143,8 +143,9 @@ def test_distill_artifact_loads_and_decides(rollouts, cost_file, tmp_path, tiny_
     replayed = invoke(["replay", "--rollouts", str(out), "--cost", str(cost_file[0]), "--scheduler", str(artifact)])
     names = [r["policy"] for r in replayed["results"]]
     assert names == ["always-call", "never-call", "oracle", "collected", "learned"]
+    assert all(r["speedup"] > 0 and math.isfinite(r["speedup"]) for r in replayed["results"])
     by_name = {r["policy"]: r for r in replayed["results"]}
-    assert by_name["oracle"]["tokens_per_s"] >= max(r["tokens_per_s"] for r in replayed["results"]) - 1e-6
+    assert by_name["always-call"]["call_rate"] == 1.0 and by_name["never-call"]["call_rate"] == 0.0
 
 
 def test_rerun_resumes_and_redoes_torn_or_corrupt_shards(rollouts, tmp_path):

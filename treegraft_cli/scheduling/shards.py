@@ -26,6 +26,7 @@ from typing import Any
 
 import datasets
 import pyarrow.parquet as pq
+from datasets.table import InMemoryTable
 
 from ..errors import ConfigError
 from .cost_profile import atomic_write_text
@@ -114,7 +115,7 @@ def read_shard(root: Path, key: str) -> datasets.Dataset:
     path = _data_path(root, key, sealed["format"])
     try:
         if sealed["format"] == "parquet":
-            table = datasets.Dataset(pq.read_table(path))
+            table = datasets.Dataset(InMemoryTable(pq.read_table(path)))  # no builder, no cache directory
         else:
             lines = path.read_text(encoding="utf-8").splitlines()
             table = datasets.Dataset.from_list([json.loads(line) for line in lines if line.strip()])
