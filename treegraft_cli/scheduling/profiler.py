@@ -121,7 +121,7 @@ def host_costs(vocab: int, settings: ProfileSettings) -> dict[str, float]:
 
 
 def versions() -> dict[str, str]:
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "treegraft": __version__,
+    return {"torch": str(torch.__version__), "transformers": str(transformers.__version__), "treegraft": __version__,
             "python": platform.python_version()}
 
 
