@@ -15,6 +15,7 @@ from treegraft_cli.cli import app
 from treegraft_cli.config import DecodeConfig, TreeConfig
 from treegraft_cli.errors import ConfigError
 from treegraft_cli.grafting.scheduler import FEATURE_NAMES, CostModel, MarginPolicy, SchedulerState, features
+from treegraft_cli.methods import Prefill
 from treegraft_cli.pipeline import Pipeline
 from treegraft_cli.scheduling.artifact import load_scheduler
 from treegraft_cli.scheduling.cost_profile import CostProfile, load_cost_profile
@@ -107,6 +108,20 @@ def test_probing_decoder_stays_lossless(tiny_self_pair, cost_file):
     generation = decoder.generate(prompt)
     assert generation.output_ids == reference_greedy(target, prompt, 16)
     assert probe.rows and all(r["tau_call"] >= 1 and r["tau_skip"] >= 1 for r in probe.rows)
+
+
+def test_a_step_drafted_again_gives_the_same_tree(tiny_self_pair):
+    drafter, target = tiny_self_pair
+    pipeline = Pipeline(target=target, drafter=drafter)
+    decoder = pipeline.decoder(DecodeConfig(method="all-mid", tree=TreeConfig(budget=12, depth=3, top_k=3)))
+    prompt = pipeline.encode_chat([{"role": "user", "content": "abcabc"}])
+    decoder.target.reset()
+    logits = decoder.target.forward(prompt)
+    decoder.method.start(Prefill(prompt, logits))
+    committed = torch.cat([prompt, logits[-1:].argmax(-1)])
+    first, _ = decoder.method.build(committed)
+    again, _ = decoder.method.build(committed)
+    assert first.size > 0 and torch.equal(first.tokens, again.tokens) and torch.equal(first.parents, again.parents)
 
 
 def test_collect_writes_labelled_shards(rollouts):
