@@ -33,7 +33,8 @@ def distill(
     scheduler = run_distill(table, DistillSettings(holdout=holdout, epochs=epochs, seed=seed), identity)
     scheduler.save(out)
     held = scheduler.report["held_out"]
-    console.table(f"held-out decisions: {held['rows']} rows from {held['prompts']} prompts, sign accuracy {held['sign_accuracy']:.3f}",
+    console.table(f"held-out decisions: {held['rows']} rows from {held['prompts']} prompts, sign accuracy {held['sign_accuracy']:.3f} "
+                  f"(commoner sign: {held['majority_sign_accuracy']:.3f})",
                   ["policy", "mean value (tok/s)", "regret (tok/s)", "call rate"],
                   [(name, p["value"], p["regret"], p["call_rate"]) for name, p in held["policies"].items()])
     console.json_line({"scheduler": str(out), "cost_profile": costs.identity, "held_out": held,

@@ -5,7 +5,8 @@ prompt is seen in training; with a single prompt, rows are split instead. Traini
 the mean squared error of standardised margins, seeded inside a forked RNG (the global RNG is untouched).
 
 Metrics on the held-out rows (one row = one layer decision with the fixed continuation, see rollouts):
-sign accuracy (rows with a non-zero margin), and per policy the mean value it picks and its regret
+sign accuracy (rows with a non-zero margin; next to it the accuracy of always guessing the commoner
+sign, the bar to beat on imbalanced rollouts), and per policy the mean value it picks and its regret
 = mean(max(V_call, V_skip) − V_chosen) for: the MLP (call iff predicted margin > 0), the oracle
 (regret 0 by definition), always-call and never-call. The per-step call budget is not applied here.
 """
@@ -115,7 +116,9 @@ def evaluate(scheduler: DistilledScheduler, decisions: Decisions) -> dict[str, A
         chosen = torch.where(call, decisions.value_call, decisions.value_skip)
         policies[name] = {"value": float(chosen.mean()), "regret": float((best - chosen).mean()),
                           "call_rate": float(call.float().mean())}
+    positive = float((margins[decided] > 0).float().mean()) if bool(decided.any()) else float("nan")
     return {"rows": len(decisions.groups), "prompts": len(set(decisions.groups)), "sign_accuracy": accuracy,
+            "majority_sign_accuracy": max(positive, 1.0 - positive),  # what always guessing the commoner sign scores
             "oracle_call_rate": float((margins > 0).float().mean()), "policies": policies}
 
 

@@ -23,6 +23,7 @@ import torch
 
 from ..errors import ConfigError
 from ..grafting.config import parse_layers
+from ..methods.treegraft import COST_CONTEXT
 from .artifact import DistilledScheduler
 from .cost_profile import CostProfile
 from .distill import columns
@@ -67,9 +68,8 @@ def price(table, profile: CostProfile, tree: dict) -> Priced:
         return torch.tensor([profile.step_ms(n + 1, c, w, width, ctx) for n, c, w, ctx in zip(nodes, calls, weak, contexts, strict=True)])
 
     features = torch.tensor(table["features"], dtype=torch.float32)
-    for i, context in enumerate(contexts):  # the scheduler's cost features, as this profile would give them
-        costs = profile.cost_model(budget, width, context)
-        features[i, 1:4] = torch.tensor([costs.verify_ms, costs.strong_ms, costs.log_ratio])
+    costs = profile.cost_model(budget, width, COST_CONTEXT)  # the scheduler's cost features under this profile
+    features[:, 1:4] = torch.tensor([costs.verify_ms, costs.strong_ms, costs.log_ratio])
     return Priced(
         tau_call=torch.tensor(table["tau_call"], dtype=torch.float32),
         tau_skip=torch.tensor(table["tau_skip"], dtype=torch.float32),

@@ -13,6 +13,8 @@ committed state is never touched) and walked greedily, giving τ_x = accepted to
     value          V_x = 1000 · τ_x / T_x                                (tokens per modelled second)
     label          margin = V_call − V_skip
 
+The scheduler's cost features are the profile's costs after ``COST_CONTEXT`` tokens, what the method's
+warm-up measures at run time; the labels' modelled times use the real context length.
 Layers where a call is impossible (no grafting position) give no row. The features of the row are the
 real build's features at ℓ, which equal the counterfactual builds' (same forced prefix, deterministic).
 After probing, the real tree is built once more, so the strong drafter's cache rows match the tree the
@@ -34,7 +36,7 @@ from ..engine import SpeculativeDecoder
 from ..errors import ConfigError
 from ..grafting.scheduler import FEATURE_NAMES, CallPolicy, make_policy
 from ..methods import Method, Observation, Prefill
-from ..methods.treegraft import TreeGraftMethod
+from ..methods.treegraft import COST_CONTEXT, TreeGraftMethod
 from ..pipeline import Pipeline, chat_messages
 from ..tree import DraftTree
 from .cost_profile import CostProfile, profile_document
@@ -92,7 +94,9 @@ class ProbingMethod(Method):
 
     def start(self, prefill: Prefill) -> None:
         tree = self.config.tree
-        self.inner.costs = self.costs.cost_model(tree.budget, tree.top_k, int(prefill.prompt_ids.numel()))
+        # the cost features as the method's own warm-up would measure them (after COST_CONTEXT tokens): one value
+        # per profile, so within one collection they carry no prompt identity the MLP could latch onto
+        self.inner.costs = self.costs.cost_model(tree.budget, tree.top_k, COST_CONTEXT)
         self.inner.start(prefill)
         self.step = 0
 
