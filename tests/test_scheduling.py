@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -18,7 +19,7 @@ from treegraft_cli.grafting.scheduler import FEATURE_NAMES, CostModel, MarginPol
 from treegraft_cli.methods import Prefill
 from treegraft_cli.pipeline import Pipeline
 from treegraft_cli.scheduling.artifact import load_scheduler
-from treegraft_cli.scheduling.cost_profile import CostProfile, load_cost_profile
+from treegraft_cli.scheduling.cost_profile import CostProfile, load_cost_profile, save_cost_profile
 from treegraft_cli.scheduling.rollouts import CollectSettings, probing_decoder
 from treegraft_cli.scheduling.shards import read_rollouts
 from treegraft_cli.tree import ORIGIN_MODEL, DraftTree
@@ -140,11 +141,16 @@ def test_collect_writes_labelled_shards(rollouts):
 def test_distill_artifact_loads_and_decides(rollouts, cost_file, tmp_path, tiny_self_pair):
     out, _, _ = rollouts
     artifact = tmp_path / "scheduler.json"
-    line = invoke(["distill", "--rollouts", str(out), "--out", str(artifact), "--epochs", "50"])
+    measured = load_cost_profile(cost_file[0])  # a second "device" whose strong drafter is 10x slower
+    slow = dataclasses.replace(measured, drafter_ms=tuple(tuple(10 * v for v in row) for row in measured.drafter_ms))
+    save_cost_profile(slow, tmp_path / "slow.yaml")
+    line = invoke(["distill", "--rollouts", str(out), "--out", str(artifact), "--epochs", "50",
+                   "--cost", str(tmp_path / "slow.yaml")])
     held = line["held_out"]
     assert 0.0 <= held["sign_accuracy"] <= 1.0 and held["policies"]["oracle"]["regret"] == 0.0
     assert all(p["regret"] >= 0 for p in held["policies"].values())
     scheduler = load_scheduler(artifact)
+    assert scheduler.cost_profile["also_priced_under"] == [slow.identity] != [measured.identity]
     assert math.isfinite(scheduler.margin(torch.zeros(17)))
     # the treegraft method decides with it (-o scheduler=FILE) and stays lossless
     drafter, target = tiny_self_pair

@@ -23,14 +23,18 @@ def distill(
     holdout: Annotated[float, typer.Option("--holdout", help="Share of prompts held out for testing.")] = 0.2,
     epochs: Annotated[int, typer.Option("--epochs", help="Full-batch Adam epochs.")] = 400,
     seed: Annotated[int, typer.Option("--seed", help="Split and initialisation seed.")] = 0,
+    cost: Annotated[list[Path] | None, typer.Option("--cost", help="Extra cost profile(s) to re-price the rollouts under (hardware-aware training).")] = None,
 ) -> None:
     """Fit the 17→64→32→1 MLP to the value margins; held-out sign accuracy and regret; write the artifact."""
     if not 0 < holdout < 1 or epochs < 1:
         raise typer.BadParameter("--holdout in (0, 1) and --epochs >= 1")
     settings_doc, table = read_rollouts(rollouts)
     costs = profile_from_document(settings_doc["cost_profile"], f"{rollouts}/collect.json")
-    identity = {"identity": costs.identity, "device": costs.device, "dtype": costs.dtype, "pair": costs.pair}
-    scheduler = run_distill(table, DistillSettings(holdout=holdout, epochs=epochs, seed=seed), identity)
+    extra = [load_cost_profile(path) for path in cost or ()]
+    identity = {"identity": costs.identity, "device": costs.device, "dtype": costs.dtype, "pair": costs.pair,
+                "also_priced_under": [p.identity for p in extra]}
+    settings = DistillSettings(holdout=holdout, epochs=epochs, seed=seed)
+    scheduler = run_distill(table, settings_doc["tree"], [costs, *extra], settings, identity)
     scheduler.save(out)
     held = scheduler.report["held_out"]
     console.table(f"held-out decisions: {held['rows']} rows from {held['prompts']} prompts, sign accuracy {held['sign_accuracy']:.3f} "

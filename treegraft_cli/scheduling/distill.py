@@ -1,5 +1,7 @@
 """`treegraft distill`: fit the scheduler MLP to the collected margins and say how good it is.
 
+Labels: every rollout row priced under the collection's cost profile and any extra profiles (``--cost``),
+so cost features vary with the hardware they stand for (see ``decisions_from_rows``).
 Split: whole prompts are held out (``holdout`` of them, at least one, seeded), so no step of a held-out
 prompt is seen in training; with a single prompt, rows are split instead. Training: full-batch Adam on
 the mean squared error of standardised margins, seeded inside a forked RNG (the global RNG is untouched).
@@ -14,6 +16,7 @@ sign, the bar to beat on imbalanced rollouts), and per policy the mean value it 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +24,9 @@ import torch
 
 from ..errors import ConfigError
 from .artifact import HIDDEN, DistilledScheduler, Normaliser, build_mlp
+from .cost_profile import CostProfile
+from .replay import price
+from .shards import table_columns
 
 
 @dataclass(frozen=True)
@@ -50,20 +56,19 @@ class Decisions:
         return Decisions(self.features[mask], self.value_call[mask], self.value_skip[mask], [self.groups[i] for i in keep])
 
 
-def columns(table) -> dict[str, list]:
-    """A rollout ``datasets.Dataset`` as plain column lists; an empty one is an error."""
-    if len(table) == 0:
-        raise ConfigError("the rollouts hold no labelled decisions", "collect more prompts or tokens (or a lower --every)")
-    return dict(table[: len(table)])
+def decisions_from_rows(table, tree: dict, profiles: Sequence[CostProfile]) -> Decisions:
+    """The rows priced under each profile (the collection's first): one decision per row and profile.
 
-
-def decisions_from_rows(table) -> Decisions:
-    data = columns(table)
+    Under the collection's profile this reproduces the stored values; every further profile re-prices the
+    same outcomes and sets the cost features to its own, so the MLP sees how costs move the margin.
+    """
+    keys = [str(k) for k in table_columns(table)["key"]]
+    parts = [price(table, profile, tree) for profile in profiles]
     return Decisions(
-        torch.tensor(data["features"], dtype=torch.float32),
-        torch.tensor(data["value_call"], dtype=torch.float32),
-        torch.tensor(data["value_skip"], dtype=torch.float32),
-        [str(k) for k in data["key"]],
+        torch.cat([p.features for p in parts]),
+        torch.cat([1000.0 * p.tau_call / p.ms_call for p in parts]),
+        torch.cat([1000.0 * p.tau_skip / p.ms_skip for p in parts]),
+        keys * len(parts),
     )
 
 
@@ -122,9 +127,11 @@ def evaluate(scheduler: DistilledScheduler, decisions: Decisions) -> dict[str, A
             "oracle_call_rate": float((margins > 0).float().mean()), "policies": policies}
 
 
-def distill(table, settings: DistillSettings, cost_profile: dict[str, Any]) -> DistilledScheduler:
+def distill(
+    table, tree: dict, profiles: Sequence[CostProfile], settings: DistillSettings, cost_profile: dict[str, Any]
+) -> DistilledScheduler:
     """Fit on the training split, evaluate on both splits; the report travels inside the artifact."""
-    decisions = decisions_from_rows(table)
+    decisions = decisions_from_rows(table, tree, profiles)
     train_mask, test_mask = split(decisions, settings.holdout, settings.seed)
     train, test = decisions.subset(train_mask), decisions.subset(test_mask)
     mlp, normaliser = fit(train, settings)

@@ -26,7 +26,7 @@ from ..grafting.config import parse_layers
 from ..methods.treegraft import COST_CONTEXT
 from .artifact import DistilledScheduler
 from .cost_profile import CostProfile
-from .distill import columns
+from .shards import table_columns
 
 FIXED_POLICIES = ("always-call", "never-call", "oracle", "collected")
 
@@ -59,7 +59,7 @@ class Priced:
 
 
 def price(table, profile: CostProfile, tree: dict) -> Priced:
-    table = columns(table)
+    table = table_columns(table)
     width, budget = int(tree["top_k"]), int(tree["budget"])
     contexts = [int(c) for c in table["context_length"]]
 

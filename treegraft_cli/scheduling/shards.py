@@ -173,3 +173,10 @@ def write_settings(root: Path, settings: Mapping[str, Any]) -> None:
                               "use a new --out directory, or the same settings to resume")
         return
     atomic_write_text(path, json.dumps(settings, indent=1, sort_keys=True))
+
+
+def table_columns(table) -> dict[str, list]:
+    """A rollout ``datasets.Dataset`` as plain column lists; an empty one is an error."""
+    if len(table) == 0:
+        raise ConfigError("the rollouts hold no labelled decisions", "collect more prompts or tokens (or a lower --every)")
+    return dict(table[: len(table)])
