@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from datasets.utils.logging import disable_progress_bar
 
 from ..bench.suites import BENCHMARKS, suite_questions
 from ..config import parse_options
@@ -45,6 +46,7 @@ def collect(
     options: MethodOptions = None,
 ) -> None:
     """Offline value rollouts for the TreeGraft scheduler: features, actions, values, margins, in shards."""
+    disable_progress_bar()  # one bar per shard write from datasets would drown the collect bar
     if every < 1:
         raise typer.BadParameter("--every must be >= 1")
     index_count = parse_shard(shard)
