@@ -9,8 +9,11 @@ import typer
 from ..errors import TreegraftError
 from . import console
 from .bench import bench
+from .collect import collect
+from .distill import distill, replay
 from .generate import generate
 from .models_cmd import app as models_app
+from .profile import profile
 from .tune import tune
 
 app = typer.Typer(
@@ -23,14 +26,14 @@ app = typer.Typer(
 app.command()(generate)
 app.command()(bench)
 app.command()(tune)
+app.command()(profile)
+app.command()(collect)
+app.command()(distill)
+app.command()(replay)
 app.add_typer(models_app, name="models")
 
 # Commands whose issues have not landed yet: they say so and exit non-zero instead of faking output.
-PENDING = {
-    "profile": ("time drafter and verify costs on this device", "issue #6 (profile, collect, distill)"),
-    "collect": ("offline value rollouts for the TreeGraft scheduler", "issue #6 (profile, collect, distill)"),
-    "distill": ("fit the scheduler MLP to collected rollouts", "issue #6 (profile, collect, distill)"),
-}
+PENDING: dict[str, tuple[str, str]] = {}
 
 
 def _pending(name: str, summary: str, issue: str):

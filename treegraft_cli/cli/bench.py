@@ -49,6 +49,7 @@ def bench(
     baseline: Annotated[Path | None, typer.Option("--check-against", help="Baseline results.json: exit 1 on a regression.")] = None,
     tolerance: Annotated[float, typer.Option("--tolerance", help="Allowed fractional drop in speedup and τ vs the baseline.")] = 0.1,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write speedup.png and tau.png.")] = True,
+    scheduler: Annotated[Path | None, typer.Option("--scheduler", help="Distilled scheduler (`treegraft distill`) the treegraft method decides with.")] = None,
 ) -> None:
     """Run methods side by side (ar first) on a suite; table, results.json, Spec-Bench answers, plots."""
     default_tokens = QUICK_MAX_NEW_TOKENS if suite == "quick" and not prompts else None
@@ -61,7 +62,10 @@ def bench(
     with console.fetch_progress() as progress:
         pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress)
     names = chosen or default_methods(pipeline, run.config.sampling.greedy)
-    configs = plan_configs(run.config, names, run.method_options)
+    method_options = dict(run.method_options)
+    if scheduler is not None:
+        method_options["treegraft"] = {**method_options.get("treegraft", {}), "scheduler": str(scheduler)}
+    configs = plan_configs(run.config, names, method_options)
     tolerance_ties = TIE_TOLERANCE[run.dtype] if tie_tolerance is None else tie_tolerance
     with console.counter_progress() as update:
         records = run_bench(pipeline, configs, questions, tolerance_ties, progress=update)

@@ -52,6 +52,8 @@ class TreeDrafter(ModelDrafter):
         pending = committed[self.committed_length :].to(self.device)
         p, m = pending.shape[0], nodes.shape[0]
         if p + m == 0:
+            if self.logp.numel():  # a redraft of this step's first call: the kept root row is all it needs
+                rows[0] = 0
             return
         cache_length = self.lm.cache_length
         visible = torch.zeros(p + m, cache_length + p + m, dtype=torch.bool, device=self.device)

@@ -33,7 +33,8 @@ class TreeGraftConfig:
     leaves the strong call forwards as grafting candidates (0: 2·K). hit_rate: the cost-aware rule's prior
     on the share of a position's probability mass the strong drafter's top-K children capture.
     verify_ms / strong_ms: measured costs (0: measure at warm-up when the policy needs them).
-    chain_length: tokens per chain of the ``ngram`` baseline.
+    chain_length: tokens per chain of the ``ngram`` baseline. scheduler: a distilled scheduler artifact
+    (``treegraft distill``); with no ``policy`` given, ``treegraft`` then decides with it (policy ``learned``).
     """
 
     policy: str = ""
@@ -49,6 +50,7 @@ class TreeGraftConfig:
     verify_ms: float = 0.0
     strong_ms: float = 0.0
     chain_length: int = 10
+    scheduler: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", parse_layers(self.layers))

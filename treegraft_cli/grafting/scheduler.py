@@ -208,9 +208,21 @@ def _expected_tokens(scores: torch.Tensor, budget: int) -> float:  # scores: [n]
     return 1.0 + float(torch.exp(best).sum())
 
 
+def _learned(argument: str, options: TreeGraftConfig) -> CallPolicy:
+    """``learned`` / ``learned:FILE``: the distilled MLP of ``treegraft distill`` (``scheduler`` option or FILE)."""
+    from ..scheduling.artifact import load_scheduler  # here, not at the top: that module imports this one
+
+    path = argument or options.scheduler
+    if not path:
+        raise ConfigError("call policy 'learned' needs a scheduler artifact", "pass -o scheduler=FILE (from treegraft distill)")
+    return load_scheduler(path).policy(options.call_budget)
+
+
 def _fixed(argument: str, options: TreeGraftConfig) -> CallPolicy:
     return FixedLayers(options.call_budget, parse_layers(argument) if argument else options.layers)
 
+
+LEARNED = "learned"
 
 # policy name → factory(argument after ':', settings); a learned scheduler adds its entry here
 POLICY_FACTORIES: Mapping[str, Callable[[str, TreeGraftConfig], CallPolicy]] = MappingProxyType(
@@ -219,12 +231,13 @@ POLICY_FACTORIES: Mapping[str, Callable[[str, TreeGraftConfig], CallPolicy]] = M
         AllMid.name: lambda argument, options: AllMid(options.call_budget),
         FixedLayers.name: _fixed,
         CostAwareRule.name: lambda argument, options: CostAwareRule(options.call_budget, options.hit_rate),
+        LEARNED: _learned,
     }
 )
 
 
 def make_policy(spec: str, options: TreeGraftConfig) -> CallPolicy:
-    """A policy from its spec: ``all-small``, ``all-mid``, ``fixed`` / ``fixed:1,3``, ``cost-aware``."""
+    """A policy from its spec: ``all-small``, ``all-mid``, ``fixed`` / ``fixed:1,3``, ``cost-aware``, ``learned[:FILE]``."""
     name, _, argument = spec.partition(":")
     factory = POLICY_FACTORIES.get(name)
     if factory is None:

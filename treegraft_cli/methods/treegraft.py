@@ -19,7 +19,7 @@ from ..errors import ConfigError
 from ..grafting.builder import LayerLoop, LayerRecord
 from ..grafting.config import TreeGraftConfig
 from ..grafting.costs import measure_costs
-from ..grafting.scheduler import CallPolicy, CostAwareRule, CostModel, make_policy
+from ..grafting.scheduler import LEARNED, CallPolicy, CostAwareRule, CostModel, MarginPolicy, make_policy
 from ..models.eagle3_head import Eagle3Head
 from ..tree import ORIGIN_NGRAM, ORIGIN_ROOT, DraftTree
 from .base import Method, Models, Observation, Prefill, register
@@ -55,7 +55,7 @@ class TreeGraftMethod(Method):
         self.target_logp = _target_logp(self.options)
         self.strong = self._strong_drafter(models)
         self.loop = LayerLoop(config.tree, self.options, self.index, self.target_logp, self.strong)
-        self.policy: CallPolicy = make_policy(self.options.policy or self.default_policy, self.options)
+        self.policy: CallPolicy = make_policy(self.policy_spec(), self.options)
         self.costs = CostModel(self.options.verify_ms, self.options.strong_ms)
         self.prompt_length = 0
         self.last_records: list[LayerRecord] = []
@@ -68,9 +68,18 @@ class TreeGraftMethod(Method):
             raise ConfigError(f"method {self.name!r} needs a small-LM drafter", "use a DRAFTER:TARGET pair of two LMs")
         return TreeDrafter(models.drafter)
 
+    def policy_spec(self) -> str:
+        """The ``policy`` option; else the distilled scheduler when one is given to ``treegraft``; else the default."""
+        if self.options.policy:
+            return self.options.policy
+        learned = self.options.scheduler and self.default_policy == CostAwareRule.name
+        return LEARNED if learned else self.default_policy
+
     @property
     def needs_costs(self) -> bool:
-        return isinstance(self.policy, CostAwareRule) and (self.costs.verify_ms <= 0 or self.costs.strong_ms <= 0)
+        # both read the costs: the rule directly, a distilled scheduler through its cost features
+        aware = isinstance(self.policy, (CostAwareRule, MarginPolicy))
+        return aware and (self.costs.verify_ms <= 0 or self.costs.strong_ms <= 0)
 
     def start(self, prefill: Prefill) -> None:
         self.prompt_length = int(prefill.prompt_ids.numel())

@@ -1,0 +1,197 @@
+"""profile → collect → distill → replay on the tiny-random pair; the value system stays lossless; features by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+import yaml
+from conftest import reference_greedy
+from typer.testing import CliRunner
+
+from treegraft_cli.cli import app
+from treegraft_cli.config import DecodeConfig, TreeConfig
+from treegraft_cli.errors import ConfigError
+from treegraft_cli.grafting.scheduler import FEATURE_NAMES, CostModel, MarginPolicy, SchedulerState, features
+from treegraft_cli.methods import Prefill
+from treegraft_cli.pipeline import Pipeline
+from treegraft_cli.scheduling.artifact import load_scheduler
+from treegraft_cli.scheduling.cost_profile import CostProfile, load_cost_profile, save_cost_profile
+from treegraft_cli.scheduling.rollouts import CollectSettings, probing_decoder
+from treegraft_cli.scheduling.shards import read_rollouts
+from treegraft_cli.tree import ORIGIN_MODEL, DraftTree
+
+PAIR = "tiny-random@layers=2:tiny-random"
+TREE = ["-N", "12", "-D", "3", "-K", "3"]
+QUESTIONS = ["Count to five.", "Name three colours.", "Say hello twice.", "Spell cat.", "List two fruits."]
+
+
+def invoke(args: list[str]) -> dict:
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def cost_file(tmp_path_factory):
+    out = tmp_path_factory.mktemp("profile") / "costs.yaml"
+    line = invoke(["profile", "--pair", PAIR, "--dtype", "fp32", "--tokens", "1,4,16", "--contexts", "16,64",
+                   "--repeats", "1", "--width", "3", "--out", str(out)])
+    return out, line
+
+
+@pytest.fixture(scope="module")
+def rollouts(tmp_path_factory, cost_file):
+    tmp = tmp_path_factory.mktemp("collect")
+    prompts = tmp / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": i, "turns": [q]}) + "\n" for i, q in enumerate(QUESTIONS)))
+    out = tmp / "rollouts"
+    args = ["collect", "--pair", PAIR, "--dtype", "fp32", "--prompts", str(prompts), "-n", "10", *TREE,
+            "--cost", str(cost_file[0]), "--out", str(out)]
+    first = invoke(args)
+    return out, args, first
+
+
+def test_profile_writes_sane_costs(cost_file):
+    path, line = cost_file
+    profile = load_cost_profile(path)
+    assert yaml.safe_load(path.read_text())["identity"] == profile.identity == line["identity"]
+    assert path.with_suffix(".png").stat().st_size > 0
+    assert profile.dtype == "fp32" and {"torch", "transformers"} <= set(profile.versions)
+    grids = [v for row in (*profile.target_ms, *profile.drafter_ms) for v in row] + list(profile.host_ms.values())
+    assert grids and all(math.isfinite(v) and v > 0 for v in grids)
+    assert profile.target_forward_ms(256, 4096) >= profile.target_ms[-1][-1] - 1e-9
+    costs = profile.cost_model(budget=12, width=3, context=30)
+    assert costs.verify_ms > 0 and costs.strong_ms > 0
+
+
+def test_cost_surface_interpolates_and_extrapolates():
+    profile = CostProfile(pair="p", device="cpu", dtype="fp32", tree_tokens=(1, 3), contexts=(10, 30),
+                          target_ms=((1.0, 3.0), (2.0, 8.0)), drafter_ms=((0.5, 0.5), (0.5, 0.5)), host_ms={"ngram": 0.1})
+    assert profile.target_forward_ms(2, 10) == pytest.approx(2.0)  # halfway along tokens
+    assert profile.target_forward_ms(2, 20) == pytest.approx(3.5)  # then halfway along contexts (2.0 and 5.0)
+    assert profile.target_forward_ms(5, 10) == pytest.approx(5.0)  # along the last segment beyond the grid
+    assert profile.target_forward_ms(1, 100) == pytest.approx(2.0 + 70 / 20 * 1.0)
+    assert profile.step_ms(3, 2, 1, 3, 10) == pytest.approx(3.0 + 2 * 0.5 + 0.1)
+    with pytest.raises(ConfigError, match="non-positive"):
+        CostProfile(pair="p", device="cpu", dtype="fp32", tree_tokens=(1,), contexts=(10,), target_ms=((0.0,),))
+
+
+def test_features_on_a_hand_built_tree():
+    tree = DraftTree.from_root(0)
+    a = tree.add_children(torch.tensor([0]), torch.tensor([5]), torch.tensor([-0.5]), ORIGIN_MODEL)
+    tree.add_children(torch.tensor([0]), torch.tensor([6]), torch.tensor([-1.0]), ORIGIN_MODEL)
+    c = tree.add_children(a, torch.tensor([7]), torch.tensor([-0.7]), ORIGIN_MODEL)
+    # nodes: 0 root, 1 a (depth 1, -0.5), 2 b (depth 1, -1.0), 3 c (depth 2, -0.7, child of a)
+    state = SchedulerState(tree=tree, frontier=c, candidates=torch.tensor([False, True, True, True]), layer=2,
+                           num_layers=4, called=(1,), prompt_length=20, costs=CostModel(40.0, 10.0), width=2, budget=8)
+    # a reselection picks the 2 best candidates: a (-0.5, depth 1) and c (-0.7, depth 2)
+    expected = [math.log(21), 40.0, 10.0, math.log(4.0), 0.5, 0.25, 1, 0, 0, 0, 0,
+                2.0,  # frontier mean depth: c
+                1.0,  # c is a leaf
+                0.5,  # depth lost: 2 − mean(1, 2)
+                0.5,  # a's depth 1 is outside the frontier's depths {2}
+                0.5,  # c is in the frontier
+                -0.6]  # mean score of a and c
+    assert len(expected) == len(FEATURE_NAMES)
+    assert torch.allclose(features(state), torch.tensor(expected, dtype=torch.float32), atol=1e-6)
+
+
+def test_probing_decoder_stays_lossless(tiny_self_pair, cost_file):
+    drafter, target = tiny_self_pair
+    pipeline = Pipeline(target=target, drafter=drafter)
+    config = DecodeConfig(method="treegraft", tree=TreeConfig(budget=12, depth=3, top_k=3), max_new_tokens=16)
+    decoder, probe = probing_decoder(pipeline, CollectSettings(PAIR, "fp32", config), load_cost_profile(cost_file[0]))
+    prompt = pipeline.encode_chat([{"role": "user", "content": "abcabcabc abc"}])
+    generation = decoder.generate(prompt)
+    assert generation.output_ids == reference_greedy(target, prompt, 16)
+    assert probe.rows and all(r["tau_call"] >= 1 and r["tau_skip"] >= 1 for r in probe.rows)
+
+
+def test_a_step_drafted_again_gives_the_same_tree(tiny_self_pair):
+    drafter, target = tiny_self_pair
+    pipeline = Pipeline(target=target, drafter=drafter)
+    decoder = pipeline.decoder(DecodeConfig(method="all-mid", tree=TreeConfig(budget=12, depth=3, top_k=3)))
+    prompt = pipeline.encode_chat([{"role": "user", "content": "abcabc"}])
+    decoder.target.reset()
+    logits = decoder.target.forward(prompt)
+    decoder.method.start(Prefill(prompt, logits))
+    committed = torch.cat([prompt, logits[-1:].argmax(-1)])
+    first, _ = decoder.method.build(committed)
+    again, _ = decoder.method.build(committed)
+    assert first.size > 0 and torch.equal(first.tokens, again.tokens) and torch.equal(first.parents, again.parents)
+
+
+def test_collect_writes_labelled_shards(rollouts):
+    out, _, first = rollouts
+    assert first["collected"] == len(QUESTIONS) and first["rows"] > 0
+    settings, table = read_rollouts(out)
+    assert settings["feature_names"] == list(FEATURE_NAMES) and settings["tree"]["depth"] == 3
+    assert len(table) == first["rows"] and len(set(table["key"])) == len(QUESTIONS)
+    row = table[0]
+    assert len(row["features"]) == 17 and 1 <= row["layer"] <= 3
+    assert row["margin"] == pytest.approx(row["value_call"] - row["value_skip"])
+    assert row["value_call"] == pytest.approx(1000 * row["tau_call"] / row["ms_call"])
+    assert row["calls_call"] >= 1 and all(v > 0 for v in table["ms_skip"])
+
+
+def test_distill_artifact_loads_and_decides(rollouts, cost_file, tmp_path, tiny_self_pair):
+    out, _, _ = rollouts
+    artifact = tmp_path / "scheduler.json"
+    measured = load_cost_profile(cost_file[0])  # a second "device" whose strong drafter is 10x slower
+    slow = dataclasses.replace(measured, drafter_ms=tuple(tuple(10 * v for v in row) for row in measured.drafter_ms))
+    save_cost_profile(slow, tmp_path / "slow.yaml")
+    line = invoke(["distill", "--rollouts", str(out), "--out", str(artifact), "--epochs", "50",
+                   "--cost", str(tmp_path / "slow.yaml")])
+    held = line["held_out"]
+    assert 0.0 <= held["sign_accuracy"] <= 1.0 and held["policies"]["oracle"]["regret"] == 0.0
+    assert all(p["regret"] >= 0 for p in held["policies"].values())
+    scheduler = load_scheduler(artifact)
+    assert scheduler.cost_profile["also_priced_under"] == [slow.identity] != [measured.identity]
+    assert math.isfinite(scheduler.margin(torch.zeros(17)))
+    # the treegraft method decides with it (-o scheduler=FILE) and stays lossless
+    drafter, target = tiny_self_pair
+    pipeline = Pipeline(target=target, drafter=drafter)
+    config = DecodeConfig(method="treegraft", tree=TreeConfig(budget=12, depth=3, top_k=3), max_new_tokens=12,
+                          method_options={"scheduler": str(artifact), "verify_ms": 5.0, "strong_ms": 1.0})
+    decoder = pipeline.decoder(config)
+    assert isinstance(decoder.method.policy, MarginPolicy)
+    prompt = pipeline.encode_chat([{"role": "user", "content": "one two one two"}])
+    assert decoder.generate(prompt).output_ids == reference_greedy(target, prompt, 12)
+    replayed = invoke(["replay", "--rollouts", str(out), "--cost", str(cost_file[0]), "--scheduler", str(artifact)])
+    names = [r["policy"] for r in replayed["results"]]
+    assert names == ["always-call", "never-call", "oracle", "collected", "learned"]
+    assert all(r["speedup"] > 0 and math.isfinite(r["speedup"]) for r in replayed["results"])
+    by_name = {r["policy"]: r for r in replayed["results"]}
+    assert by_name["always-call"]["call_rate"] == 1.0 and by_name["never-call"]["call_rate"] == 0.0
+
+
+def test_rerun_resumes_and_redoes_torn_or_corrupt_shards(rollouts, tmp_path):
+    out, args, _ = rollouts
+    again = invoke(args)
+    assert again["skipped"] == len(QUESTIONS) and again["collected"] == 0
+    shards = sorted((out / "shards").glob("*.parquet"))
+    shards[0].write_bytes(shards[0].read_bytes()[:40])  # a corrupt shard
+    with pytest.raises(ConfigError, match="corrupt"):
+        read_rollouts(out)
+    result = CliRunner().invoke(app, ["distill", "--rollouts", str(out), "--out", str(tmp_path / "s.json")])
+    assert result.exit_code != 0
+    receipt = sorted((out / "shards").glob("*.done.json"))[1]
+    receipt.unlink()  # a torn shard: data without its receipt
+    redo = invoke(args)
+    assert redo["collected"] == 2 and redo["redone"] == 2 and redo["skipped"] == len(QUESTIONS) - 2
+    read_rollouts(out)
+
+
+def test_collect_refuses_other_settings_and_bad_artifacts(rollouts, tmp_path):
+    out, args, _ = rollouts
+    changed = [a if a != "10" else "11" for a in args]
+    result = CliRunner().invoke(app, changed)
+    assert result.exit_code != 0 and "other settings" in str(result.exception)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{\"kind\": \"something\"}")
+    with pytest.raises(ConfigError, match="not a treegraft scheduler"):
+        load_scheduler(bad)

@@ -1,0 +1,144 @@
+"""The distilled scheduler: a 17 → 64 → 32 → 1 ReLU MLP over standardised features, and its artifact file.
+
+The artifact is one JSON file (no pickle: loading runs no code)::
+
+    kind: treegraft-scheduler, version: 1
+    feature_names: the 17 names, in ``grafting.scheduler.FEATURE_NAMES`` order (checked on load)
+    feature_mean, feature_scale: z = clip((x − mean) · scale, ±5); scale = 1/std, 0 for a feature that was
+        constant in the rollouts (e.g. the cost features of a single-profile collection) — it carried no
+        information, so a different value at run time must not push the MLP off its training range
+    margin_mean, margin_std: margin = mlp(z) · std + mean (tokens per modelled second)
+    layers: [{weight, bias}, ...]
+    cost_profile: {identity, device, dtype, pair} the rollouts' labels were modelled under
+    report: the held-out metrics of ``treegraft distill``
+
+``treegraft`` loads it with ``-o scheduler=FILE`` (or ``policy=learned:FILE``); ``MarginPolicy`` calls
+iff the de-standardised margin is positive.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError
+from ..grafting.scheduler import FEATURE_NAMES, MarginPolicy
+from .cost_profile import atomic_write_text
+
+KIND = "treegraft-scheduler"
+HIDDEN = (64, 32)
+CLIP = 5.0  # standardised inputs are clipped to ±CLIP: a feature far outside the rollouts' range (another
+# device's costs, an unseen prompt length) saturates instead of driving the MLP into untrained territory
+FIX = "write it with `treegraft distill --rollouts DIR --out FILE`"
+
+
+def build_mlp(inputs: int = len(FEATURE_NAMES), hidden: tuple[int, ...] = HIDDEN) -> torch.nn.Sequential:
+    layers: list[torch.nn.Module] = []
+    width = inputs
+    for size in hidden:
+        layers += [torch.nn.Linear(width, size), torch.nn.ReLU()]
+        width = size
+    layers.append(torch.nn.Linear(width, 1))
+    return torch.nn.Sequential(*layers)
+
+
+@dataclass(frozen=True)
+class Normaliser:
+    feature_mean: torch.Tensor  # [17]
+    feature_scale: torch.Tensor  # [17] 1/std, 0 for constant features
+    margin_mean: float
+    margin_std: float
+
+    @classmethod
+    def fit(cls, features: torch.Tensor, margins: torch.Tensor) -> Normaliser:  # [n, 17], [n]
+        std = features.std(dim=0, unbiased=False)
+        scale = torch.where(std > 1e-6, 1.0 / std.clamp(min=1e-6), torch.zeros_like(std))
+        margin_std = float(margins.std(unbiased=False)) if margins.numel() > 1 else 1.0
+        return cls(features.mean(dim=0), scale, float(margins.mean()), margin_std if margin_std > 1e-9 else 1.0)
+
+    def inputs(self, features: torch.Tensor) -> torch.Tensor:  # [..., 17] → [..., 17]
+        return ((features - self.feature_mean) * self.feature_scale).clamp(-CLIP, CLIP)
+
+    def targets(self, margins: torch.Tensor) -> torch.Tensor:
+        return (margins - self.margin_mean) / self.margin_std
+
+    def margins(self, outputs: torch.Tensor) -> torch.Tensor:
+        return outputs * self.margin_std + self.margin_mean
+
+
+@dataclass
+class DistilledScheduler:
+    mlp: torch.nn.Sequential
+    normaliser: Normaliser
+    cost_profile: Mapping[str, Any] = field(default_factory=dict)
+    report: Mapping[str, Any] = field(default_factory=dict)
+
+    @torch.no_grad()
+    def predict(self, features: torch.Tensor) -> torch.Tensor:  # [n, 17] → [n] margins
+        return self.normaliser.margins(self.mlp(self.normaliser.inputs(features.float())).squeeze(-1))
+
+    def margin(self, features: torch.Tensor) -> float:  # [17] → one margin
+        return float(self.predict(features[None])[0])
+
+    def policy(self, call_budget: int) -> MarginPolicy:
+        return MarginPolicy(call_budget, self.margin)
+
+    def document(self) -> dict[str, Any]:
+        linear = [m for m in self.mlp if isinstance(m, torch.nn.Linear)]
+        n = self.normaliser
+        return {
+            "kind": KIND,
+            "version": 1,
+            "feature_names": list(FEATURE_NAMES),
+            "feature_mean": n.feature_mean.tolist(),
+            "feature_scale": n.feature_scale.tolist(),
+            "margin_mean": n.margin_mean,
+            "margin_std": n.margin_std,
+            "layers": [{"weight": m.weight.tolist(), "bias": m.bias.tolist()} for m in linear],
+            "cost_profile": dict(self.cost_profile),
+            "report": dict(self.report),
+        }
+
+    def save(self, path: Path) -> None:
+        atomic_write_text(Path(path), json.dumps(self.document()))
+
+
+def scheduler_from_document(document: Any, source: str) -> DistilledScheduler:
+    if not isinstance(document, Mapping) or document.get("kind") != KIND:
+        raise ConfigError(f"{source} is not a treegraft scheduler artifact", FIX)
+    if list(document.get("feature_names", [])) != list(FEATURE_NAMES):
+        raise ConfigError(f"{source} was distilled for other features than this version's 17", "distill it again")
+    try:
+        layers = document["layers"]
+        hidden = tuple(len(layer["bias"]) for layer in layers[:-1])
+        mlp = build_mlp(len(FEATURE_NAMES), hidden)
+        linear = [m for m in mlp if isinstance(m, torch.nn.Linear)]
+        with torch.no_grad():
+            for module, values in zip(linear, layers, strict=True):
+                module.weight.copy_(torch.tensor(values["weight"]))
+                module.bias.copy_(torch.tensor(values["bias"]))
+        normaliser = Normaliser(
+            torch.tensor(document["feature_mean"], dtype=torch.float32),
+            torch.tensor(document["feature_scale"], dtype=torch.float32),
+            float(document["margin_mean"]),
+            float(document["margin_std"]),
+        )
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        raise ConfigError(f"{source}: malformed scheduler artifact ({type(error).__name__}: {error})", FIX) from None
+    return DistilledScheduler(mlp.eval(), normaliser, document.get("cost_profile", {}), document.get("report", {}))
+
+
+def load_scheduler(path: str | Path) -> DistilledScheduler:
+    path = Path(path).expanduser()
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"scheduler artifact {path} does not exist", FIX) from None
+    except json.JSONDecodeError:
+        raise ConfigError(f"{path} is not valid JSON (a torn or foreign file?)", FIX) from None
+    return scheduler_from_document(document, str(path))

@@ -1,0 +1,141 @@
+"""`treegraft distill`: fit the scheduler MLP to the collected margins and say how good it is.
+
+Labels: every rollout row priced under the collection's cost profile and any extra profiles (``--cost``),
+so cost features vary with the hardware they stand for (see ``decisions_from_rows``).
+Split: whole prompts are held out (``holdout`` of them, at least one, seeded), so no step of a held-out
+prompt is seen in training; with a single prompt, rows are split instead. Training: full-batch Adam on
+the mean squared error of standardised margins, seeded inside a forked RNG (the global RNG is untouched).
+
+Metrics on the held-out rows (one row = one layer decision with the fixed continuation, see rollouts):
+sign accuracy (rows with a non-zero margin; next to it the accuracy of always guessing the commoner
+sign, the bar to beat on imbalanced rollouts), and per policy the mean value it picks and its regret
+= mean(max(V_call, V_skip) − V_chosen) for: the MLP (call iff predicted margin > 0), the oracle
+(regret 0 by definition), always-call and never-call. The per-step call budget is not applied here.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError
+from .artifact import HIDDEN, DistilledScheduler, Normaliser, build_mlp
+from .cost_profile import CostProfile
+from .replay import price
+from .shards import table_columns
+
+
+@dataclass(frozen=True)
+class DistillSettings:
+    holdout: float = 0.2
+    epochs: int = 400
+    learning_rate: float = 3e-3
+    weight_decay: float = 1e-4
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """The labelled rows as tensors."""
+
+    features: torch.Tensor  # [n, 17]
+    value_call: torch.Tensor  # [n]
+    value_skip: torch.Tensor  # [n]
+    groups: list[str]  # [n] prompt key of each row
+
+    @property
+    def margins(self) -> torch.Tensor:
+        return self.value_call - self.value_skip
+
+    def subset(self, mask: torch.Tensor) -> Decisions:
+        keep = mask.nonzero().flatten().tolist()
+        return Decisions(self.features[mask], self.value_call[mask], self.value_skip[mask], [self.groups[i] for i in keep])
+
+
+def decisions_from_rows(table, tree: dict, profiles: Sequence[CostProfile]) -> Decisions:
+    """The rows priced under each profile (the collection's first): one decision per row and profile.
+
+    Under the collection's profile this reproduces the stored values; every further profile re-prices the
+    same outcomes and sets the cost features to its own, so the MLP sees how costs move the margin.
+    """
+    keys = [str(k) for k in table_columns(table)["key"]]
+    parts = [price(table, profile, tree) for profile in profiles]
+    return Decisions(
+        torch.cat([p.features for p in parts]),
+        torch.cat([1000.0 * p.tau_call / p.ms_call for p in parts]),
+        torch.cat([1000.0 * p.tau_skip / p.ms_skip for p in parts]),
+        keys * len(parts),
+    )
+
+
+def split(decisions: Decisions, holdout: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Boolean [n] masks (train, held out): whole prompts held out, or rows when there is only one prompt."""
+    n = len(decisions.groups)
+    keys = sorted(set(decisions.groups))
+    chooser = random.Random(seed)
+    if len(keys) >= 2:
+        chooser.shuffle(keys)
+        held = set(keys[: max(1, round(holdout * len(keys)))])
+        test = torch.tensor([g in held for g in decisions.groups], dtype=torch.bool)
+    else:
+        rows = list(range(n))
+        chooser.shuffle(rows)
+        test = torch.zeros(n, dtype=torch.bool)
+        test[rows[: max(1, round(holdout * n))]] = True
+    if bool(test.all()):
+        raise ConfigError("too few labelled decisions to hold any out for testing", "collect more prompts or tokens")
+    return ~test, test
+
+
+def fit(decisions: Decisions, settings: DistillSettings) -> tuple[torch.nn.Sequential, Normaliser]:
+    normaliser = Normaliser.fit(decisions.features, decisions.margins)
+    inputs = normaliser.inputs(decisions.features)  # [n, 17]
+    targets = normaliser.targets(decisions.margins)  # [n]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(settings.seed)
+        mlp = build_mlp(decisions.features.shape[1], HIDDEN)
+        optimiser = torch.optim.Adam(mlp.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
+        for _ in range(settings.epochs):
+            optimiser.zero_grad()
+            loss = torch.nn.functional.mse_loss(mlp(inputs).squeeze(-1), targets)
+            loss.backward()
+            optimiser.step()
+    return mlp.eval(), normaliser
+
+
+def evaluate(scheduler: DistilledScheduler, decisions: Decisions) -> dict[str, Any]:
+    """Sign accuracy and per-policy mean value and regret on ``decisions``."""
+    predicted = scheduler.predict(decisions.features)
+    margins = decisions.margins
+    decided = margins != 0
+    accuracy = float(((predicted > 0) == (margins > 0))[decided].float().mean()) if bool(decided.any()) else float("nan")
+    best = torch.maximum(decisions.value_call, decisions.value_skip)
+    choices = {"mlp": predicted > 0, "oracle": margins > 0, "always-call": torch.ones_like(decided),
+               "never-call": torch.zeros_like(decided)}
+    policies = {}
+    for name, call in choices.items():
+        chosen = torch.where(call, decisions.value_call, decisions.value_skip)
+        policies[name] = {"value": float(chosen.mean()), "regret": float((best - chosen).mean()),
+                          "call_rate": float(call.float().mean())}
+    positive = float((margins[decided] > 0).float().mean()) if bool(decided.any()) else float("nan")
+    return {"rows": len(decisions.groups), "prompts": len(set(decisions.groups)), "sign_accuracy": accuracy,
+            "majority_sign_accuracy": max(positive, 1.0 - positive),  # what always guessing the commoner sign scores
+            "oracle_call_rate": float((margins > 0).float().mean()), "policies": policies}
+
+
+def distill(
+    table, tree: dict, profiles: Sequence[CostProfile], settings: DistillSettings, cost_profile: dict[str, Any]
+) -> DistilledScheduler:
+    """Fit on the training split, evaluate on both splits; the report travels inside the artifact."""
+    decisions = decisions_from_rows(table, tree, profiles)
+    train_mask, test_mask = split(decisions, settings.holdout, settings.seed)
+    train, test = decisions.subset(train_mask), decisions.subset(test_mask)
+    mlp, normaliser = fit(train, settings)
+    scheduler = DistilledScheduler(mlp, normaliser, cost_profile)
+    scheduler.report = {"train": evaluate(scheduler, train), "held_out": evaluate(scheduler, test),
+                        "settings": {"holdout": settings.holdout, "epochs": settings.epochs, "seed": settings.seed}}
+    return scheduler

@@ -1,0 +1,117 @@
+"""Replay: a policy's speedup estimated from rollouts under any cost profile, without running a model.
+
+Every rollout row holds, for one layer decision, the outcome of both actions: τ, tree nodes, strong calls
+and weak layers. Under a cost profile P each outcome's modelled time is re-priced with P (see
+``CostProfile.step_ms``) and plain decoding costs P's 1-token target forward per token. A policy picks one
+action per row; its estimated speedup over autoregressive decoding is
+
+    Σ τ_chosen · ar_ms(context) / Σ T_chosen
+
+Policies: ``always-call``, ``never-call``, ``oracle`` (the better action under P), ``collected`` (what the
+real policy did), ``fixed:1,3`` (call at those layers) and ``learned`` (a distilled scheduler, whose cost
+features are replaced by P's so it sees the hardware it is replayed on). It is a decision-level estimate:
+each row changes one layer's action with the collection's continuation after it, not a whole policy run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import ConfigError
+from ..grafting.config import parse_layers
+from ..methods.treegraft import COST_CONTEXT
+from .artifact import DistilledScheduler
+from .cost_profile import CostProfile
+from .shards import table_columns
+
+FIXED_POLICIES = ("always-call", "never-call", "oracle", "collected")
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    policy: str
+    speedup: float  # estimated vs autoregressive under the profile
+    tokens_per_s: float  # modelled
+    tau: float  # mean accepted length of the chosen trees
+    call_rate: float  # share of rows where the policy calls
+
+    def as_dict(self) -> dict:
+        return {"policy": self.policy, "speedup": self.speedup, "tokens_per_s": self.tokens_per_s,
+                "tau": self.tau, "call_rate": self.call_rate}
+
+
+@dataclass(frozen=True)
+class Priced:
+    """The rows re-priced under one profile; all [n]."""
+
+    tau_call: torch.Tensor
+    tau_skip: torch.Tensor
+    ms_call: torch.Tensor
+    ms_skip: torch.Tensor
+    ar_ms: torch.Tensor
+    layers: torch.Tensor
+    real_call: torch.Tensor
+    features: torch.Tensor  # [n, 17] with the cost features of the profile
+
+
+def price(table, profile: CostProfile, tree: dict) -> Priced:
+    table = table_columns(table)
+    width, budget = int(tree["top_k"]), int(tree["budget"])
+    contexts = [int(c) for c in table["context_length"]]
+
+    def ms(action: str) -> torch.Tensor:
+        nodes, calls, weak = table[f"nodes_{action}"], table[f"calls_{action}"], table[f"weak_{action}"]
+        return torch.tensor([profile.step_ms(n + 1, c, w, width, ctx) for n, c, w, ctx in zip(nodes, calls, weak, contexts, strict=True)])
+
+    features = torch.tensor(table["features"], dtype=torch.float32)
+    costs = profile.cost_model(budget, width, COST_CONTEXT)  # the scheduler's cost features under this profile
+    features[:, 1:4] = torch.tensor([costs.verify_ms, costs.strong_ms, costs.log_ratio])
+    return Priced(
+        tau_call=torch.tensor(table["tau_call"], dtype=torch.float32),
+        tau_skip=torch.tensor(table["tau_skip"], dtype=torch.float32),
+        ms_call=ms("call"),
+        ms_skip=ms("skip"),
+        ar_ms=torch.tensor([profile.target_forward_ms(1, c) for c in contexts]),
+        layers=torch.tensor(table["layer"]),
+        real_call=torch.tensor(table["real_call"], dtype=torch.bool),
+        features=features,
+    )
+
+
+def choose(policy: str, priced: Priced, scheduler: DistilledScheduler | None) -> torch.Tensor:
+    """[n] bool: where ``policy`` calls."""
+    value_call, value_skip = priced.tau_call / priced.ms_call, priced.tau_skip / priced.ms_skip
+    name, _, argument = policy.partition(":")
+    if name == "always-call":
+        return torch.ones_like(priced.real_call)
+    if name == "never-call":
+        return torch.zeros_like(priced.real_call)
+    if name == "oracle":
+        return value_call > value_skip
+    if name == "collected":
+        return priced.real_call
+    if name == "fixed":
+        return torch.isin(priced.layers, torch.tensor(parse_layers(argument), dtype=torch.long))
+    if name == "learned":
+        if scheduler is None:
+            raise ConfigError("policy 'learned' needs a scheduler artifact", "pass --scheduler FILE")
+        return scheduler.predict(priced.features) > 0
+    raise ConfigError(f"unknown replay policy {policy!r}", f"use {', '.join(FIXED_POLICIES)}, fixed:1,3 or learned")
+
+
+def replay(table, tree: dict, profile: CostProfile, policies: Sequence[str], scheduler: DistilledScheduler | None = None) -> list[ReplayResult]:
+    priced = price(table, profile, tree)
+    results = []
+    for policy in policies:
+        call = choose(policy, priced, scheduler)
+        tau = torch.where(call, priced.tau_call, priced.tau_skip)
+        ms = torch.where(call, priced.ms_call, priced.ms_skip)
+        total_ms = float(ms.sum())
+        speedup = float((tau * priced.ar_ms).sum()) / total_ms if total_ms > 0 else math.nan
+        results.append(ReplayResult(policy, speedup, 1000.0 * float(tau.sum()) / total_ms, float(tau.mean()),
+                                    float(call.float().mean())))
+    return results

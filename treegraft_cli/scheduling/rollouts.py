@@ -1,0 +1,240 @@
+"""`treegraft collect`: the offline value system that labels the TreeGraft scheduler's decisions.
+
+Value system (ours; the papers do not publish theirs). Decoding runs the ``treegraft`` method with its
+real policy. At every ``every``-th step the step's tree is first built with the real policy, recording
+the real action a_b and the 17 features at each layer b. Then for each layer ℓ = 1..D and each action
+x ∈ {call, skip}, the layer loop is run again with forced actions {b: a_b for b < ℓ} ∪ {ℓ: x} and the
+fixed *continuation* policy (default ``all-small``) for the layers after ℓ. Each resulting tree is
+verified against the target on a scratch extension of its KV cache (cropped back right after: the
+committed state is never touched) and walked greedily, giving τ_x = accepted tokens + the bonus.
+
+    modelled time  T_x = verify_ms(tree nodes + root, context) + calls_x · strong_ms(2·K, context)
+                         + weak_layers_x · ngram_ms                      (all from the cost profile)
+    value          V_x = 1000 · τ_x / T_x                                (tokens per modelled second)
+    label          margin = V_call − V_skip
+
+The scheduler's cost features are the profile's costs after ``COST_CONTEXT`` tokens, what the method's
+warm-up measures at run time; the labels' modelled times use the real context length.
+Layers where a call is impossible (no grafting position) give no row. The features of the row are the
+real build's features at ℓ, which equal the counterfactual builds' (same forced prefix, deterministic).
+After probing, the real tree is built once more, so the strong drafter's cache rows match the tree the
+engine verifies and commits: decoding stays lossless and the trajectory is the real policy's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import DecodeConfig
+from ..engine import SpeculativeDecoder
+from ..errors import ConfigError
+from ..grafting.scheduler import FEATURE_NAMES, CallPolicy, make_policy
+from ..methods import Method, Observation, Prefill
+from ..methods.treegraft import COST_CONTEXT, TreeGraftMethod
+from ..pipeline import Pipeline, chat_messages
+from ..tree import DraftTree
+from .cost_profile import CostProfile, profile_document
+from .shards import shard_key, shard_state, write_settings, write_shard
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class CollectSettings:
+    """What labels depend on: they are stored in ``collect.json`` and must match on resume."""
+
+    pair: str
+    dtype: str
+    config: DecodeConfig  # method treegraft (its policy in method_options), greedy
+    continuation: str = "all-small"
+    every: int = 1  # probe every ``every``-th step
+    fmt: str = "parquet"
+
+    def document(self, costs: CostProfile) -> dict[str, Any]:
+        tree = self.config.tree
+        return {
+            "pair": self.pair,
+            "dtype": self.dtype,
+            "tree": {"budget": tree.budget, "depth": tree.depth, "top_k": tree.top_k},
+            "max_new_tokens": self.config.max_new_tokens,
+            "method_options": dict(self.config.method_options),
+            "continuation": self.continuation,
+            "every": self.every,
+            "feature_names": list(FEATURE_NAMES),
+            "cost_profile": profile_document(costs),
+        }
+
+
+@dataclass(frozen=True)
+class Outcome:
+    tau: int  # accepted draft tokens + the bonus
+    nodes: int  # non-root nodes verified
+    calls: int  # strong drafter calls
+    weak: int  # weak n-gram layers
+
+
+class ProbingMethod(Method):
+    """Wraps a TreeGraftMethod: the engine decodes as usual, sampled steps are probed first (see module doc)."""
+
+    name = "treegraft-probe"
+
+    def __init__(self, inner: TreeGraftMethod, target, backend, costs: CostProfile, continuation: CallPolicy, every: int):
+        super().__init__(inner.models, inner.config)
+        self.inner, self.target, self.backend = inner, target, backend
+        self.costs, self.continuation, self.every = costs, continuation, every
+        self.rows: list[dict[str, Any]] = []
+        self.step = 0
+        self.taus: dict[tuple, int] = {}  # this step's verified trees: probes often rebuild the same one
+
+    def start(self, prefill: Prefill) -> None:
+        tree = self.config.tree
+        # the cost features as the method's own warm-up would measure them (after COST_CONTEXT tokens): one value
+        # per profile, so within one collection they carry no prompt identity the MLP could latch onto
+        self.inner.costs = self.costs.cost_model(tree.budget, tree.top_k, COST_CONTEXT)
+        self.inner.start(prefill)
+        self.step = 0
+
+    def draft(self, committed: torch.Tensor) -> DraftTree:  # committed: [L], root last
+        tree, records = self.inner.build(committed, record=True)
+        if self.step % self.every == 0:
+            self.taus = {}
+            real = {r.layer: r.called for r in records}
+            for record in records:
+                row = self.probe(committed, real, record.layer)
+                if row is not None:
+                    self.rows.append({**row, "step": self.step, "features": record.features.tolist(), "real_call": record.called})
+            tree, _ = self.inner.build(committed)  # the real tree again: the strong cache must hold its rows
+        self.step += 1
+        return tree
+
+    def probe(self, committed: torch.Tensor, real: Mapping[int, bool], layer: int) -> dict[str, Any] | None:
+        forced = {b: real[b] for b in range(1, layer)}
+        outcomes = {}
+        for action in (True, False):
+            tree, records = self.inner.build(committed, policy=self.continuation, forced={**forced, layer: action})
+            if records[layer - 1].called != action:  # no grafting position: a call is impossible here
+                return None
+            calls = sum(r.called for r in records)
+            outcomes[action] = Outcome(self.accepted(tree), tree.size, calls, len(records) - calls)
+        return self.label(outcomes[True], outcomes[False], layer, int(committed.numel()))
+
+    @torch.no_grad()
+    def accepted(self, tree: DraftTree) -> int:
+        """τ of ``tree`` against the target, on a scratch extension of its cache (cropped back after)."""
+        key = (tuple(tree.tokens.tolist()), tuple(tree.parents.tolist()))
+        if key not in self.taus:
+            self.taus[key] = self.verify(tree)
+        return self.taus[key]
+
+    def verify(self, tree: DraftTree) -> int:
+        prefix = self.target.cache_length
+        ancestor_mask, _ = self.backend.tree_buffers(tree.parents[None])
+        try:
+            logits = self.target.forward_tree(tree.tokens, tree.depths, ancestor_mask[0])
+        finally:
+            self.target.crop(prefix)
+        verdict = self.backend.verify_greedy(logits[None], tree.tokens[None], tree.parents[None])
+        return int(verdict.num_accepted[0]) + 1
+
+    def label(self, call: Outcome, skip: Outcome, layer: int, context: int) -> dict[str, Any]:
+        width = self.config.tree.top_k
+        row: dict[str, Any] = {"layer": layer, "context_length": context}
+        for name, o in (("call", call), ("skip", skip)):
+            ms = self.costs.step_ms(o.nodes + 1, o.calls, o.weak, width, context)
+            row.update({f"tau_{name}": o.tau, f"nodes_{name}": o.nodes, f"calls_{name}": o.calls,
+                        f"weak_{name}": o.weak, f"ms_{name}": ms, f"value_{name}": 1000.0 * o.tau / ms})
+        row["margin"] = row["value_call"] - row["value_skip"]
+        return row
+
+    def observe(self, observation: Observation) -> None:
+        self.inner.observe(observation)
+
+    def drafter_calls(self) -> dict[str, int]:
+        return self.inner.drafter_calls()
+
+
+@dataclass
+class CollectReport:
+    prompts: int = 0  # prompts in this worker's shard
+    collected: int = 0
+    skipped: int = 0  # finished in an earlier run
+    redone: int = 0  # torn or corrupt shards collected again
+    rows: int = 0  # rows written in this run
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"i/n"`` (0-based i) → (i, n)."""
+    try:
+        index, count = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise ConfigError(f"--shard {text!r} is not i/n", "e.g. --shard 0/4 (0-based worker index / workers)") from None
+    if count < 1 or not 0 <= index < count:
+        raise ConfigError(f"--shard {text!r} is out of range", "need 0 <= i < n")
+    return index, count
+
+
+def probing_decoder(pipeline: Pipeline, settings: CollectSettings, costs: CostProfile) -> tuple[SpeculativeDecoder, ProbingMethod]:
+    if pipeline.drafter is None:
+        raise ConfigError("collect needs a model drafter (the strong drafter a call would run)", "pass --pair DRAFTER:TARGET")
+    if not settings.config.sampling.greedy:
+        raise ConfigError("collect labels greedy acceptance only", "drop --temperature (or pass 0)")
+    config = dataclasses.replace(settings.config, method="treegraft")
+    decoder = pipeline.decoder(config)
+    continuation = make_policy(settings.continuation, decoder.method.options)
+    probe = ProbingMethod(decoder.method, decoder.target, decoder.backend, costs, continuation, settings.every)
+    decoder.method = probe
+    return decoder, probe
+
+
+def collect(
+    pipeline: Pipeline,
+    questions: Sequence,
+    settings: CollectSettings,
+    costs: CostProfile,
+    out: Path,
+    shard: tuple[int, int] = (0, 1),
+    progress: Progress | None = None,
+) -> CollectReport:
+    """Decode this worker's prompts, writing one sealed shard per prompt; finished prompts are skipped."""
+    report_progress = progress or (lambda description, done, total: None)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_settings(out, settings.document(costs))
+    mine = [q for i, q in enumerate(questions) if i % shard[1] == shard[0]]
+    decoder, probe = probing_decoder(pipeline, settings, costs)
+    report = CollectReport(prompts=len(mine))
+    for done, question in enumerate(mine):
+        key = shard_key(question.benchmark, question.question_id)
+        status = shard_state(out, key).status
+        if status == "done":
+            report.skipped += 1
+            continue
+        report_progress(f"collect {key}", done, len(mine))
+        rows = collect_question(pipeline, decoder, probe, question, key)
+        write_shard(out, key, rows, settings.fmt)
+        report.collected += 1
+        report.redone += status in ("torn", "corrupt")
+        report.rows += len(rows)
+    report_progress("done", len(mine), len(mine))
+    return report
+
+
+def collect_question(pipeline: Pipeline, decoder: SpeculativeDecoder, probe: ProbingMethod, question, key: str) -> list[dict]:
+    """Every turn of one question as one conversation; rows carry the prompt's identity."""
+    answers: list[str] = []
+    rows: list[dict[str, Any]] = []
+    for turn in range(len(question.turns)):
+        prompt = pipeline.encode_chat(chat_messages(question.turns[: turn + 1], answers))
+        probe.rows = []
+        generation = decoder.generate(prompt)
+        answers.append(pipeline.decode(generation.output_ids))
+        ident = {"key": key, "benchmark": question.benchmark, "question_id": str(question.question_id),
+                 "turn": turn, "prompt_length": int(prompt.numel())}
+        rows.extend({**ident, **row} for row in probe.rows)
+    return rows

@@ -1,0 +1,182 @@
+"""Rollout storage: one shard per prompt (Parquet or JSONL via ``datasets``), each sealed by a receipt.
+
+Layout of a rollout directory::
+
+    collect.json            settings every worker shares (pair, tree shape, policies, cost profile)
+    shards/KEY.parquet      the rows of one prompt (all its turns); or KEY.jsonl
+    shards/KEY.done.json    the receipt: row count and sha256 of the shard file, written after it
+
+Both files are written to a temporary name and renamed, so a crash leaves either no shard, or a shard
+without a receipt (torn: ``collect`` redoes it), never a half file under the real name. A shard whose
+bytes do not match its receipt is corrupt: ``collect`` redoes it, readers refuse it with a clear error.
+Workers with different ``--shard i/n`` write disjoint keys, so they can share one directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pyarrow.parquet as pq
+from datasets.table import InMemoryTable
+
+from ..errors import ConfigError
+from .cost_profile import atomic_write_text
+
+FORMATS = ("parquet", "jsonl")
+SETTINGS_FILE = "collect.json"
+REDO = "rerun `treegraft collect` with the same --out: it redoes torn and corrupt shards"
+
+
+@dataclass(frozen=True)
+class ShardState:
+    key: str
+    status: str  # done | missing | torn | corrupt
+
+
+def shard_key(benchmark: str, question_id: Any) -> str:
+    """A file-safe key for one prompt."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{benchmark}-{question_id}")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _shard_dir(root: Path) -> Path:
+    return Path(root) / "shards"
+
+
+def _data_path(root: Path, key: str, fmt: str) -> Path:
+    return _shard_dir(root) / f"{key}.{fmt}"
+
+
+def _receipt_path(root: Path, key: str) -> Path:
+    return _shard_dir(root) / f"{key}.done.json"
+
+
+def shard_state(root: Path, key: str) -> ShardState:
+    receipt = _receipt_path(root, key)
+    found = [p for p in (_data_path(root, key, f) for f in FORMATS) if p.exists()]
+    if not receipt.exists():
+        return ShardState(key, "torn" if found else "missing")
+    try:
+        sealed = json.loads(receipt.read_text(encoding="utf-8"))
+        data = _data_path(root, key, sealed["format"])
+        ok = data.exists() and _sha256(data) == sealed["sha256"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        ok = False
+    return ShardState(key, "done" if ok else "corrupt")
+
+
+def write_shard(root: Path, key: str, rows: Sequence[Mapping[str, Any]], fmt: str) -> Path:
+    """Write one prompt's rows, then its receipt; both atomic."""
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown shard format {fmt!r}", f"use one of: {', '.join(FORMATS)}")
+    fmt = fmt if rows else "jsonl"  # a prompt that labelled nothing: an empty JSONL (Parquet needs columns)
+    directory = _shard_dir(root)
+    directory.mkdir(parents=True, exist_ok=True)
+    _receipt_path(root, key).unlink(missing_ok=True)  # a redone shard is unsealed until its new receipt lands
+    path = _data_path(root, key, fmt)
+    handle, temporary = tempfile.mkstemp(prefix=f".{key}.", suffix=f".{fmt}", dir=directory)
+    os.close(handle)
+    try:
+        table = datasets.Dataset.from_list([dict(row) for row in rows])
+        if fmt == "parquet":
+            table.to_parquet(temporary)
+        elif rows:
+            table.to_json(temporary, lines=True)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    receipt = {"key": key, "format": fmt, "rows": len(rows), "sha256": _sha256(path)}
+    atomic_write_text(_receipt_path(root, key), json.dumps(receipt))
+    return path
+
+
+def read_shard(root: Path, key: str) -> datasets.Dataset:
+    state = shard_state(root, key)
+    if state.status != "done":
+        raise ConfigError(f"rollout shard {key} in {root} is {state.status} (its bytes do not match its receipt)", REDO)
+    sealed = json.loads(_receipt_path(root, key).read_text(encoding="utf-8"))
+    path = _data_path(root, key, sealed["format"])
+    try:
+        if sealed["format"] == "parquet":
+            table = datasets.Dataset(InMemoryTable(pq.read_table(path)))  # no builder, no cache directory
+        else:
+            lines = path.read_text(encoding="utf-8").splitlines()
+            table = datasets.Dataset.from_list([json.loads(line) for line in lines if line.strip()])
+    except Exception as error:  # noqa: BLE001 - any parse failure of a sealed shard means the same thing
+        raise ConfigError(f"rollout shard {path} cannot be read ({type(error).__name__})", REDO) from None
+    if len(table) != sealed["rows"]:
+        raise ConfigError(f"rollout shard {path} holds {len(table)} rows, its receipt says {sealed['rows']}", REDO)
+    return table
+
+
+def shard_keys(root: Path) -> list[str]:
+    """Every key with a shard file or a receipt under ``root``, sorted."""
+    directory = _shard_dir(root)
+    if not directory.is_dir():
+        return []
+    keys = set()
+    for path in directory.iterdir():
+        if path.name.startswith("."):
+            continue
+        for suffix in (".done.json", *(f".{f}" for f in FORMATS)):
+            if path.name.endswith(suffix):
+                keys.add(path.name[: -len(suffix)])
+    return sorted(keys)
+
+
+def read_rollouts(root: Path) -> tuple[dict[str, Any], datasets.Dataset]:
+    """The shared settings and every sealed shard's rows; any torn or corrupt shard is an error."""
+    root = Path(root)
+    settings = read_settings(root)
+    keys = shard_keys(root)
+    if not keys:
+        raise ConfigError(f"{root} holds no rollout shards", "run `treegraft collect --out DIR` first")
+    tables = [table for table in (read_shard(root, key) for key in keys) if len(table)]  # a prompt may label nothing
+    return settings, datasets.concatenate_datasets(tables) if tables else datasets.Dataset.from_dict({})
+
+
+def read_settings(root: Path) -> dict[str, Any]:
+    path = Path(root) / SETTINGS_FILE
+    if not path.is_file():
+        raise ConfigError(f"{root} is not a rollout directory ({SETTINGS_FILE} is missing)", "pass the --out DIR of `treegraft collect`")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        raise ConfigError(f"{path} is not valid JSON", REDO) from None
+
+
+def write_settings(root: Path, settings: Mapping[str, Any]) -> None:
+    """Record the run's settings; a directory collected with other settings is refused (it would mix labels)."""
+    path = Path(root) / SETTINGS_FILE
+    if path.is_file():
+        existing = read_settings(root)
+        if existing != json.loads(json.dumps(settings)):
+            differing = sorted(k for k in set(existing) | set(settings) if existing.get(k) != json.loads(json.dumps(settings.get(k))))
+            raise ConfigError(f"{root} holds rollouts collected with other settings ({', '.join(differing)})",
+                              "use a new --out directory, or the same settings to resume")
+        return
+    atomic_write_text(path, json.dumps(settings, indent=1, sort_keys=True))
+
+
+def table_columns(table) -> dict[str, list]:
+    """A rollout ``datasets.Dataset`` as plain column lists; an empty one is an error."""
+    if len(table) == 0:
+        raise ConfigError("the rollouts hold no labelled decisions", "collect more prompts or tokens (or a lower --every)")
+    return dict(table[: len(table)])
