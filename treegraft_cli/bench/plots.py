@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +9,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from ..atomic import save_figure  # noqa: E402
 
 
 def _bars(results: dict[str, Any], metric: str, title: str, path: Path) -> Path:
@@ -28,11 +29,7 @@ def _bars(results: dict[str, Any], metric: str, title: str, path: Path) -> Path:
     axis.set_title(f"{title} — {results.get('pair', '')}")
     axis.legend(fontsize="small", ncol=min(4, len(methods)))
     figure.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    figure.savefig(tmp, dpi=110)
-    plt.close(figure)
-    os.replace(tmp, path)
-    return path
+    return save_figure(figure, path)
 
 
 def write_plots(out_dir: Path, results: dict[str, Any]) -> list[Path]:

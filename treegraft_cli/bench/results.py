@@ -31,7 +31,6 @@ import dataclasses
 import json
 import os
 import platform
-import tempfile
 import time
 import uuid
 from collections import defaultdict
@@ -43,25 +42,12 @@ import torch
 import transformers
 
 from .. import __version__
+from ..atomic import atomic_write_text
 from ..engine import StepStats
 from .lossless import AFTER_DIVERGENCE, MISMATCH, TIE, UNCHECKED
 from .runner import BASELINE, ContenderRecord, TurnRecord
 
 SCHEMA = "treegraft.bench/1"
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to a temp file beside ``path``, then rename it over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _steps(turns: Iterable[TurnRecord]) -> list[StepStats]:

@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
+from ..atomic import atomic_write_text
 from ..errors import ConfigError
 from ..grafting.scheduler import FEATURE_NAMES, MarginPolicy
-from .cost_profile import atomic_write_text
 
 KIND = "treegraft-scheduler"
 HIDDEN = (64, 32)

@@ -25,8 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from ..atomic import atomic_write_text
 from ..errors import ConfigError
 from ..grafting.scheduler import CostModel
 
@@ -164,20 +163,6 @@ def load_cost_profile(path: Path) -> CostProfile:
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML ({str(error).splitlines()[0]})", FIX) from None
     return profile_from_document(document, str(path))
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temporary file beside ``path`` and rename it over: readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def save_cost_profile(profile: CostProfile, path: Path) -> None:

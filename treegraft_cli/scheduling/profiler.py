@@ -20,6 +20,7 @@ import transformers
 from transformers import PreTrainedModel
 
 from .. import __version__
+from ..atomic import save_figure
 from ..drafters.adjacency import AdjacencyTable
 from ..drafters.ngram import NgramIndex
 from ..drafters.rank_template import build_template
@@ -193,8 +194,7 @@ def plot_profile(profile: CostProfile, path) -> None:
     axis.set_title(f"{profile.pair} — {profile.device}, {profile.dtype}")
     axis.legend(fontsize=7)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    save_figure(figure, path, dpi=120)
 
 
 def summary_rows(profile: CostProfile, columns: Sequence[int]) -> list[list]:

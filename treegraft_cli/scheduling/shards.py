@@ -28,8 +28,8 @@ import datasets
 import pyarrow.parquet as pq
 from datasets.table import InMemoryTable
 
+from ..atomic import atomic_write_text
 from ..errors import ConfigError
-from .cost_profile import atomic_write_text
 
 FORMATS = ("parquet", "jsonl")
 SETTINGS_FILE = "collect.json"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import matplotlib
@@ -11,6 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import optuna  # noqa: E402
 
+from ..atomic import save_figure  # noqa: E402
 from .study import completed  # noqa: E402
 
 
@@ -38,8 +38,4 @@ def write_study_plot(study: optuna.Study, path: Path) -> Path:
         axis.set_title(f"{study.study_name}: speedup over ar")
     axis.set_ylabel("speedup")
     figure.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    figure.savefig(tmp, dpi=110)
-    plt.close(figure)
-    os.replace(tmp, path)
-    return path
+    return save_figure(figure, path)

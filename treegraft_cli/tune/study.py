@@ -21,8 +21,8 @@ from pathlib import Path
 
 import optuna
 
+from ..atomic import atomic_write_text
 from ..bench.contenders import build_contender
-from ..bench.results import atomic_write_text
 from ..bench.runner import peak_memory_bytes, reset_peak_memory, run_conversation_turns
 from ..bench.suites import Question
 from ..config import DecodeConfig
