@@ -64,6 +64,7 @@ class Method(ABC):
     def __init__(self, models: Models, config: DecodeConfig):
         self.models = models
         self.config = config
+        self.options = self.parse_options(config.method_options)  # None for methods without settings
 
     def start(self, prefill: Prefill) -> None:
         """Called once per request after the target's prefill."""

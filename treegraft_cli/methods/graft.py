@@ -103,7 +103,6 @@ class AdjacencyMethod(Method):
 
     def __init__(self, models: Models, config: DecodeConfig):
         super().__init__(models, config)
-        self.options = self.parse_options(config.method_options)
         budget, k = config.tree.budget, self.options.table_k
         counts = self.options.template or scale_counts(self.options.base_template, budget, k)
         self.template = build_template(counts, budget, k, models.target.device)
@@ -146,7 +145,6 @@ class GraftMethod(DenseMethod):
 
     def __init__(self, models: Models, config: DecodeConfig):
         super().__init__(models, config)
-        self.options = self.parse_options(config.method_options)
         self.table = AdjacencyTable(self.options.table_k)
         self.stages = self._stages(models.target.device)
         self.fired: int | None = None

@@ -50,7 +50,6 @@ class TreeGraftMethod(Method):
 
     def __init__(self, models: Models, config: DecodeConfig):
         super().__init__(models, config)
-        self.options = self.parse_options(config.method_options)
         self.index = NgramIndex(self.options.max_n)
         self.target_logp = _target_logp(self.options)
         self.strong = self._strong_drafter(models)
@@ -166,7 +165,6 @@ class NgramMethod(Method):
 
     def __init__(self, models: Models, config: DecodeConfig):
         super().__init__(models, config)
-        self.options = self.parse_options(config.method_options)
         self.index = NgramIndex(self.options.max_n)
 
     def start(self, prefill: Prefill) -> None:

@@ -83,6 +83,7 @@ class ProbingMethod(Method):
     """Wraps a TreeGraftMethod: the engine decodes as usual, sampled steps are probed first (see module doc)."""
 
     name = "treegraft-probe"
+    options_class = TreeGraftMethod.options_class  # it decodes with the wrapped method's settings
 
     def __init__(self, inner: TreeGraftMethod, target, backend, costs: CostProfile, continuation: CallPolicy, every: int):
         super().__init__(inner.models, inner.config)
