@@ -10,15 +10,23 @@ from conftest import random_prompt, reference_greedy, speculative
 from transformers import DynamicCache, LlamaConfig
 
 from treegraft_cli.config import DecodeConfig, TreeConfig
-from treegraft_cli.drafters import Eagle3Drafter, make_model_drafter
+from treegraft_cli.drafters import Eagle3Drafter, Eagle3TreeDrafter, make_model_drafter, make_strong_drafter
+from treegraft_cli.engine import SpeculativeDecoder
 from treegraft_cli.errors import ModelError
+from treegraft_cli.grafting.costs import measure_costs
+from treegraft_cli.grafting.scheduler import CallPolicy
 from treegraft_cli.lm import CausalLM, additive_mask
+from treegraft_cli.methods import Prefill
 from treegraft_cli.models import LoadedModel, load_model, load_pair, parse_pair, resolve
 from treegraft_cli.models.eagle3 import aux_hidden_indices, save_eagle3_head
 from treegraft_cli.models.eagle3_head import Eagle3Head
-from treegraft_cli.tree import ORIGIN_MODEL, DraftTree
+from treegraft_cli.pipeline import Pipeline
+from treegraft_cli.scheduling.profiler import ProfileSettings, measure_profile
+from treegraft_cli.scheduling.rollouts import CollectSettings, probing_decoder
+from treegraft_cli.tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree
 
 DRAFT_VOCAB = 64
+GRAFT_TREE = TreeConfig(budget=20, depth=4, top_k=4)
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +172,130 @@ def test_nodes_whose_parents_were_not_forwarded_are_forwarded_depth_first(target
         results.append(drafter.forward_nodes(tree, leaf))
         assert drafter.calls == 3 and int(tree.kv_slot[leaf]) == prompt.numel() + 1
     assert torch.allclose(results[0], results[1], atol=1e-5)
+
+
+# -- the head as TreeGraft's strong drafter ---------------------------------------------------------------
+
+
+def repetitive_prompt(seed: int) -> torch.Tensor:
+    """A prompt that repeats itself, so the weak n-gram drafter hangs chains the head must rescore."""
+    base = random_prompt(seed, length=10)
+    return torch.cat([base, base, base[:5]])
+
+
+def graft_decoder(pair, method: str, max_new_tokens: int = 32, **options) -> SpeculativeDecoder:
+    drafter, target = pair
+    config = DecodeConfig(method=method, tree=GRAFT_TREE, max_new_tokens=max_new_tokens, method_options=options)
+    return SpeculativeDecoder(CausalLM(target.model), config, drafter=CausalLM(drafter.model))
+
+
+def test_strong_factory_gives_eagle3_tree_drafter(target, tiny_self_pair):
+    target_lm = CausalLM(target.model)
+    assert isinstance(make_strong_drafter(CausalLM(random_head(target)), target_lm), Eagle3TreeDrafter)
+    assert target_lm.capture_indices == (2, 2, 1)
+    assert not isinstance(make_strong_drafter(CausalLM(tiny_self_pair[0].model), target_lm), Eagle3Drafter)
+
+
+@pytest.mark.parametrize("method", ["all-mid", "fixed:1,3", "fixed:3", "treegraft"])
+@pytest.mark.parametrize(("seed", "reduced"), [(1, True), (2, False)])
+def test_treegraft_with_head_equals_plain_greedy(target, method, seed, reduced):
+    """With a reduced draft vocabulary n-gram tokens outside it get the floor log-prob, not -inf."""
+    overrides = {} if reduced else {"draft_vocab_size": target.model.config.vocab_size}
+    pair = as_pair(random_head(target, seed=seed, **overrides), target)
+    prompt = repetitive_prompt(seed)
+    result = graft_decoder(pair, method).generate(prompt)
+    assert result.output_ids == reference_greedy(target, prompt, 32)
+    assert all(step.nodes_verified <= GRAFT_TREE.budget for step in result.steps)
+    calls = [step.drafter_calls["eagle3"] for step in result.steps]
+    if method == "all-mid":  # the root row, then at least one head forward per later layer
+        assert all(c >= GRAFT_TREE.depth for c in calls)
+    elif method.startswith("fixed"):
+        assert all(c >= 1 for c in calls)
+
+
+def test_all_mid_with_head_equals_dense(target):
+    """Calling at every layer grows EAGLE-2's dense tree from the same head: same steps, same τ."""
+    pair = as_pair(random_head(target, seed=1, draft_vocab_size=target.model.config.vocab_size), target)
+    prompt = random_prompt(3)
+    dense = speculative(pair, DecodeConfig(method="dense", tree=GRAFT_TREE, max_new_tokens=32), prompt)
+    result = graft_decoder(pair, "all-mid").generate(prompt)
+    assert result.output_ids == dense.output_ids
+    assert [s.accepted_length for s in result.steps] == [s.accepted_length for s in dense.steps]
+
+
+class EveryThirdStep(CallPolicy):
+    """Calls at every layer of every third step only: the head sees no tree for two steps in three."""
+
+    def __init__(self):
+        super().__init__(call_budget=10)
+        self.builds = 0
+
+    def wants_call(self, state) -> bool:
+        self.builds += state.layer == 1
+        return self.builds % 3 == 0
+
+
+def test_steps_without_a_strong_call_keep_the_target_states(target):
+    """Commits of uncalled steps pile up; the next call's root row equals a from-scratch recompute."""
+    head = random_head(target, seed=3)
+    decoder = graft_decoder(as_pair(head, target), "treegraft", max_new_tokens=30)
+    decoder.method.policy = EveryThirdStep()
+    prompt = repetitive_prompt(4)
+    method, build = decoder.method, decoder.method.build
+    roots = []
+
+    def checked_build(committed, *args, **kwargs):
+        tree, records = build(committed, *args, **kwargs)
+        if any(r.called for r in records):  # the root row (row 0) is the one a from-scratch head pass gives
+            reference = torch.log_softmax(reference_root_logits(head, target, committed), dim=-1).clamp_min(-1e4)
+            roots.append(torch.allclose(method.strong.logp[0], reference, atol=1e-4))
+        return tree, records
+
+    method.build = checked_build
+    result = decoder.generate(prompt)
+    assert result.output_ids == reference_greedy(target, prompt, 30)
+    calls = [step.drafter_calls["eagle3"] for step in result.steps]
+    assert 0 in calls and any(c > 0 for c in calls)
+    assert roots and all(roots)
+
+
+def test_a_step_drafted_twice_gives_the_same_tree(target):
+    """As ``collect`` does: the same step built again (and probed in between) needs no second root forward."""
+    head = random_head(target, seed=5, draft_vocab_size=target.model.config.vocab_size)  # n-gram nodes survive the cut
+    decoder = graft_decoder(as_pair(head, target), "fixed:2,4")
+    committed = repetitive_prompt(5)  # the root continues the repetition: the n-gram drafter finds chains
+    decoder.target.reset()
+    logits = decoder.target.forward(committed[:-1])
+    method = decoder.method
+    method.start(Prefill(committed[:-1], logits))
+    first, _ = method.build(committed)
+    first_calls, head_rows = method.strong.calls, method.strong.committed_length
+    assert head_rows == committed.numel() - 1 and first_calls >= 3  # the root row, then nodes at two layers
+    probe, records = method.build(committed, forced={1: True, 2: False, 3: True})
+    assert [r.called for r in records][:3] == [True, False, True]
+    again, _ = method.build(committed)
+    assert first.size > 0 and torch.equal(first.tokens, again.tokens) and torch.equal(first.parents, again.parents)
+    assert torch.allclose(first.scores, again.scores)
+    assert method.strong.calls == first_calls - 1  # everything but begin_step forwarded again
+    assert method.strong.committed_length == head_rows
+    assert bool((first.origins == ORIGIN_MODEL).any()) and bool((first.origins == ORIGIN_NGRAM).any())
+
+
+def test_costs_and_collect_with_a_head(target):
+    """The warm-up measurement and ``treegraft profile`` time a head forward; collect with a head stays lossless."""
+    head = random_head(target, seed=6)
+    costs = measure_costs(target.model, head, random_prompt(7, length=16), budget=12, width=3)
+    assert costs.verify_ms > 0 and costs.strong_ms > 0
+    settings = ProfileSettings(tree_tokens=(1, 6, 13), contexts=(16, 64), repeats=1, width=3)
+    profile = measure_profile("eagle3:random:tiny-random", "fp32", target.model, head, settings)
+    assert profile.drafter_ms and all(v > 0 for row in profile.drafter_ms for v in row)
+    drafter, _ = as_pair(head, target)
+    pipeline = Pipeline(target=target, drafter=drafter)
+    config = DecodeConfig(method="treegraft", tree=TreeConfig(budget=12, depth=3, top_k=3), max_new_tokens=16)
+    decoder, probe = probing_decoder(pipeline, CollectSettings("eagle3:random:tiny-random", "fp32", config), profile)
+    prompt = repetitive_prompt(8)
+    assert decoder.generate(prompt).output_ids == reference_greedy(target, prompt, 16)
+    assert probe.rows and all(r["tau_call"] >= 1 and r["tau_skip"] >= 1 for r in probe.rows)
 
 
 @pytest.mark.parametrize("weights", ["model.safetensors", "pytorch_model.bin"])

@@ -79,12 +79,21 @@ class Eagle3Drafter(ModelDrafter):
         """Logits ``[m, vocab]`` at ``nodes``; forwards them, and any ancestor not yet forwarded, depth by depth."""
         if ancestor_mask is None:
             ancestor_mask = tree.ancestor_mask()
+        self.forward_missing(tree, nodes, ancestor_mask)
+        return self._to_target(self.row_logits[self._row_index(tree, nodes)])
+
+    def forward_missing(
+        self,
+        tree: DraftTree,
+        nodes: torch.Tensor,  # [m] node indices
+        ancestor_mask: torch.Tensor,  # [num_nodes, num_nodes]
+    ) -> None:
+        """Forward ``nodes`` and their ancestors that have no row yet, shallowest depth first, one head call per depth."""
         needed = ancestor_mask[nodes].any(dim=0) & (tree.kv_slot < 0)
         needed[0] = False  # the root's row is the last committed row
         for depth in torch.unique(tree.depths[needed]).tolist():
             level = torch.nonzero(needed & (tree.depths == depth)).flatten()
             self._forward_level(tree, level, ancestor_mask)
-        return self._to_target(self.row_logits[self._row_index(tree, nodes)])
 
     def commit(self, tree: DraftTree, path: torch.Tensor) -> None:  # path: [m] node indices, root excluded
         """Keep the target's states of the root and the accepted ``path``; drop this step's tree rows."""

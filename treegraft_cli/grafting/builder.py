@@ -9,9 +9,10 @@ whole chains (up to ``max_depth``). Only the chain heads of parents that found a
 form the next frontier: a parent that cannot reach K stops expanding, its chains stay.
 
 Call: one strong forward over the tree — every unforwarded node that has children (their children need
-rescoring) and the best ``pool`` unforwarded grafting candidates — then every node is rescored with the
-strong drafter's log-probs, the K best grafting positions in the lookback window are reselected (possibly
-shallower than the frontier), and each gets its top-K children. Existing children are merged and take
+rescoring) and the best ``pool`` unforwarded grafting candidates (an EAGLE-3 head needs one forward per
+tree depth, see ``drafters.strong_eagle3``) — then every node is rescored with the strong drafter's
+log-probs, the K best grafting positions in the lookback window are reselected (possibly shallower than
+the frontier), and each gets its top-K children. Existing children are merged and take
 the strong score; nothing is deleted. The new children's K best are the next frontier.
 """
 
@@ -23,8 +24,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import TreeConfig
+from ..drafters import StrongDrafter
 from ..drafters.ngram import Continuation, NgramIndex, TargetLogProbCache
-from ..drafters.strong import TreeDrafter
 from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree
 from .config import TreeGraftConfig
 from .scheduler import CallPolicy, CostModel, SchedulerState, features
@@ -75,7 +76,7 @@ class LayerLoop:
         options: TreeGraftConfig,
         index: NgramIndex,
         target_logp: TargetLogProbCache,
-        strong: TreeDrafter | None,
+        strong: StrongDrafter | None,
     ):
         self.shape = tree_config
         self.options = options

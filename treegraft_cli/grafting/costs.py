@@ -3,6 +3,10 @@
 Times a target forward of a full tree (N + 1 tokens) and a strong drafter forward of a typical call
 (2·K tokens) after a short context, each on a scratch KV cache so no decoding state is touched. The
 median of a few repeats after one untimed run.
+
+An EAGLE-3 head is timed the same way (``timing_lm``): one head forward of 2·K tokens, zero features in
+place of the target's states (the cost does not depend on their values). A strong call of the head may
+take one such forward per tree depth it spans (``drafters.strong_eagle3``); the cost model counts one.
 """
 
 from __future__ import annotations
@@ -11,15 +15,42 @@ import statistics
 import time
 
 import torch
-from transformers import PreTrainedModel
+from torch import nn
 
-from ..lm import CausalLM
+from ..lm import CausalLM, additive_mask
+from ..models.eagle3_head import Eagle3Head
 from .scheduler import CostModel
 
 
-def forward_ms(model: PreTrainedModel, context: torch.Tensor, tokens: int, repeats: int = 3) -> float:
+class HeadTimingLM(CausalLM):
+    """An EAGLE-3 head driven like a causal LM, for timing only: zero features stand in for the target's."""
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [n]
+        position_ids: torch.Tensor | None = None,  # [n]; default: continue after the cache
+        visible: torch.Tensor | None = None,  # [n, cache_length + n] bool; default: causal
+    ) -> torch.Tensor:
+        n, start = input_ids.shape[0], self.cache_length
+        if position_ids is None:
+            position_ids = torch.arange(start, start + n, device=self.device)
+        if visible is None:
+            visible = torch.ones(n, start + n, dtype=torch.bool, device=self.device).tril(diagonal=start)
+        features = torch.zeros(n, self.model.config.hidden_size, dtype=self.dtype, device=self.device)
+        logits, _ = self.model(input_ids, features, position_ids, additive_mask(visible, self.dtype), self.cache)
+        self.forward_calls += 1
+        return logits
+
+
+def timing_lm(model: nn.Module) -> CausalLM:
+    """A scratch ``CausalLM`` over ``model`` (a causal LM or an EAGLE-3 head) for timed forwards."""
+    return HeadTimingLM(model) if isinstance(model, Eagle3Head) else CausalLM(model)
+
+
+def forward_ms(model: nn.Module, context: torch.Tensor, tokens: int, repeats: int = 3) -> float:
     """Median milliseconds of one ``tokens``-wide masked forward after ``context`` ([c] token ids)."""
-    lm = CausalLM(model)
+    lm = timing_lm(model)
     lm.forward(context.to(lm.device))
     base = lm.cache_length
     inputs = context[-1:].to(lm.device).repeat(tokens)
@@ -40,8 +71,8 @@ def forward_ms(model: PreTrainedModel, context: torch.Tensor, tokens: int, repea
 
 
 def measure_costs(
-    target: PreTrainedModel,
-    drafter: PreTrainedModel | None,
+    target: nn.Module,
+    drafter: nn.Module | None,  # a causal LM or an EAGLE-3 head
     context: torch.Tensor,  # [c] e.g. the prompt's tail
     budget: int,
     width: int,

@@ -13,14 +13,12 @@ from typing import Any
 import torch
 
 from ..config import DecodeConfig
+from ..drafters import StrongDrafter, make_strong_drafter
 from ..drafters.ngram import NgramIndex, TargetLogProbCache
-from ..drafters.strong import TreeDrafter
-from ..errors import ConfigError
 from ..grafting.builder import LayerLoop, LayerRecord
 from ..grafting.config import TreeGraftConfig
 from ..grafting.costs import measure_costs
 from ..grafting.scheduler import LEARNED, CallPolicy, CostAwareRule, CostModel, MarginPolicy, make_policy
-from ..models.eagle3_head import Eagle3Head
 from ..tree import ORIGIN_NGRAM, ORIGIN_ROOT, DraftTree
 from .base import Method, Models, Observation, Prefill, register
 
@@ -60,12 +58,8 @@ class TreeGraftMethod(Method):
         self.last_records: list[LayerRecord] = []
         self.weak_expansions = 0
 
-    def _strong_drafter(self, models: Models) -> TreeDrafter | None:
-        if models.drafter is None:
-            return None
-        if isinstance(models.drafter.model, Eagle3Head):  # it reads target states the tree loop does not keep
-            raise ConfigError(f"method {self.name!r} needs a small-LM drafter", "use a DRAFTER:TARGET pair of two LMs")
-        return TreeDrafter(models.drafter)
+    def _strong_drafter(self, models: Models) -> StrongDrafter | None:
+        return make_strong_drafter(models.drafter, models.target) if models.drafter is not None else None
 
     def policy_spec(self) -> str:
         """The ``policy`` option; else the distilled scheduler when one is given to ``treegraft``; else the default."""
@@ -125,8 +119,9 @@ class TreeGraftMethod(Method):
         self.target_logp.append(root_position, observation.logits[verified])
 
     def drafter_calls(self) -> dict[str, int]:
-        strong = self.strong.calls if self.strong is not None else 0
-        return {"model": strong, "ngram": self.weak_expansions}
+        if self.strong is None:
+            return {"model": 0, "ngram": self.weak_expansions}
+        return {self.strong.name: self.strong.calls, "ngram": self.weak_expansions}
 
 
 @register

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 import transformers
+from torch import nn
 from transformers import PreTrainedModel
 
 from .. import __version__
@@ -25,6 +26,7 @@ from ..drafters.adjacency import AdjacencyTable
 from ..drafters.ngram import NgramIndex
 from ..drafters.rank_template import build_template
 from ..errors import ConfigError
+from ..grafting.costs import timing_lm
 from ..lm import CausalLM
 from .cost_profile import CostProfile
 
@@ -76,10 +78,11 @@ def _tree_forward(lm: CausalLM, context: int, inputs: torch.Tensor) -> Callable[
 
 
 def forward_curve(
-    model: PreTrainedModel, settings: ProfileSettings, label: str, progress: Progress, done: int, total: int
+    model: nn.Module, settings: ProfileSettings, label: str, progress: Progress, done: int, total: int
 ) -> tuple[tuple[float, ...], ...]:
-    """[context][tree_tokens] median ms of one forward; ``done``/``total`` count grid points for progress."""
-    lm = CausalLM(model)
+    """[context][tree_tokens] median ms of one forward of ``model`` (a causal LM or an EAGLE-3 head, see
+    ``grafting.costs.timing_lm``); ``done``/``total`` count grid points for progress."""
+    lm = timing_lm(model)
     generator = torch.Generator().manual_seed(settings.seed)
     vocab = int(model.config.vocab_size)
     rows = []
@@ -136,7 +139,7 @@ def measure_profile(
     pair: str,
     dtype: str,
     target: PreTrainedModel,
-    drafter: PreTrainedModel | None,
+    drafter: nn.Module | None,  # a causal LM or an EAGLE-3 head
     settings: ProfileSettings,
     progress: Progress | None = None,
 ) -> CostProfile:

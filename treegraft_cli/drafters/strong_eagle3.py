@@ -1,0 +1,91 @@
+"""Eagle3TreeDrafter: an EAGLE-3 head as TreeGraft's strong drafter, with ``TreeDrafter``'s interface.
+
+The layer loop (``grafting.builder``) asks its strong drafter for one thing per call: log-prob rows for the
+root and a set of tree nodes, recorded in ``rows`` and ``logp``. A small LM (``TreeDrafter``) serves that in
+one forward. An EAGLE-3 head cannot: a node's input feature is its parent's *output* feature, so a node
+is never forwarded together with its parent. Here one strong call is therefore several head forwards:
+
+- ``begin_step`` (one forward, the committed tokens with the target's own states) at the first call of a
+  step only; it yields the root row;
+- then one forward per tree depth among the nodes without a row (``Eagle3Drafter.forward_missing``).
+
+``calls`` counts head forwards, as ``Eagle3Drafter`` does; a layer that calls may cost 1 + (depths spanned).
+
+Steps the strong drafter never sees: ``commit`` runs after every verification (``TreeGraftMethod.observe``)
+and keeps the target's states of the root and the accepted path, called or not; they pile up in ``pending``
+and the next ``begin_step`` forwards them all in one go. Because a commit can come before the first
+``begin_step``, ``reset`` takes the prefill's states at once (the engine starts a method right after the
+prompt's prefill), where ``Eagle3Drafter`` waits for its first ``begin_step``.
+
+A step drafted twice (``collect``'s counterfactual builds): ``begin_step`` runs once per committed context.
+Its root row stays in the head's cache (the last committed row) and as row 0 of the per-row outputs;
+``start_step`` crops the cache and those outputs back to it, so a redraft forwards tree nodes only.
+
+Log-probs are float32 log-softmax over the *target* vocabulary. Tokens outside a reduced draft vocabulary
+(the weak drafter proposes them too) get ``OUTSIDE_LOGP`` instead of -inf, so score arithmetic stays finite
+(the cost-aware rule takes differences of scores).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..lm import CausalLM
+from ..tree import DraftTree
+from .eagle3 import Eagle3Drafter
+
+OUTSIDE_LOGP = -1.0e4  # log-prob of a target token the head's draft vocabulary lacks (probability ~0)
+
+
+class Eagle3TreeDrafter(Eagle3Drafter):
+    """``committed_length`` counts committed head-cache rows, the root row included once ``begin_step`` ran."""
+
+    def __init__(self, lm: CausalLM, target: CausalLM):
+        super().__init__(lm, target)
+        self.logp = torch.empty(0)  # [rows, vocab] float32, aligned with row_logits: row 0 the root
+        self.root_length = -1  # committed length ``begin_step`` ran for (its root row is kept)
+
+    def reset(self) -> None:
+        super().reset()
+        self.pending = self.target.last_hidden  # the prefill's states, or None: the first begin_step takes them
+        self.root_length = -1
+        self.logp = torch.empty(0)
+
+    def start_step(self) -> None:
+        """Drop the node rows of an earlier draft of this step; keep its root row. Nothing is forwarded yet."""
+        self.calls = 0
+        self.lm.crop(self.committed_length)
+        self.row_logits, self.row_features = self.row_logits[:1], self.row_features[:1]
+        self.logp = self.logp[:1]
+
+    @torch.no_grad()
+    def forward(
+        self,
+        committed: torch.Tensor,  # [L] committed tokens, root last
+        tree: DraftTree,
+        nodes: torch.Tensor,  # [m] node indices to forward (with any ancestor lacking a row)
+        rows: torch.Tensor,  # [num_nodes] log-prob row per node, -1 when none; updated in place
+        ancestor_mask: torch.Tensor,  # [num_nodes, num_nodes]
+    ) -> None:
+        """Root row (first call of a step), then ``nodes`` depth by depth; record slots, rows and log-probs."""
+        length = committed.shape[0]
+        if self.root_length != length:
+            self.begin_step(committed)
+            self.root_length = length
+            self.logp = self._log_probs(self.row_logits)  # [1, vocab] the root row
+        self.forward_missing(tree, nodes, ancestor_mask)
+        fresh = self.row_logits[self.logp.shape[0] :]
+        if fresh.shape[0]:
+            self.logp = torch.cat([self.logp, self._log_probs(fresh)])
+        forwarded = tree.kv_slot >= 0
+        rows[forwarded] = self._row_index(tree, torch.nonzero(forwarded).flatten())
+        rows[0] = 0
+
+    def commit(self, tree: DraftTree, path: torch.Tensor) -> None:  # path: [m] node indices, root excluded
+        if self.pending is None:
+            raise RuntimeError("EAGLE-3 strong drafter: reset before the prompt's prefill, no target states to keep")
+        super().commit(tree, path)
+        self.root_length = -1
+
+    def _log_probs(self, logits: torch.Tensor) -> torch.Tensor:  # [n, draft_vocab] -> [n, vocab] float32
+        return torch.log_softmax(self._to_target(logits).float(), dim=-1).clamp_min(OUTSIDE_LOGP)
