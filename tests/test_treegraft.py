@@ -201,7 +201,7 @@ def test_target_logprob_cache_scores_and_penalises():
 # -- scheduler features and policies -------------------------------------------------------------------
 
 
-def hand_state(called=(1, 2), layer=3, verify_ms=100.0, strong_ms=25.0) -> SchedulerState:
+def hand_state(called=(1, 2), layer=3, verify_ms=100.0, strong_ms=25.0, weak_scores=None) -> SchedulerState:
     """root → a(-0.1), b(-1.0); a → c(-0.5), d(-2.0). Frontier {c, d}; root and a expanded by the strong drafter."""
     tree = DraftTree.from_root(0)
     tree.add_children(torch.tensor([0, 0]), torch.tensor([1, 2]), torch.tensor([-0.1, -1.0]), ORIGIN_MODEL)
@@ -218,6 +218,7 @@ def hand_state(called=(1, 2), layer=3, verify_ms=100.0, strong_ms=25.0) -> Sched
         costs=CostModel(verify_ms, strong_ms),
         width=2,
         budget=63,
+        weak_scores=weak_scores,
     )
 
 
@@ -240,6 +241,41 @@ def test_cost_aware_rule_weighs_gain_against_cost():
     cheap, dear = hand_state(called=(), strong_ms=1.0), hand_state(called=(), strong_ms=1000.0)
     rule = CostAwareRule(call_budget=5, hit_rate=0.8)
     assert rule.decide(cheap) and not rule.decide(dear)
+
+
+def test_cost_aware_rule_leaves_the_strong_drafter_idle_behind_a_confident_ngram_match():
+    rule = CostAwareRule(call_budget=5, hit_rate=0.8)
+    assert rule.previews_weak
+    none, empty = hand_state(called=()), hand_state(called=(), weak_scores=torch.empty(0))
+    assert rule.decide(none) and rule.decide(empty)  # nothing to skip to: the strong call pays
+    # a skip would add a chain the target predicted with probability ~0.95 per token under c and d
+    chain = torch.log(torch.tensor(0.95)) * torch.arange(1, 9)
+    confident = hand_state(called=(), weak_scores=torch.cat([-0.5 + chain, -2.0 + chain]))
+    assert not rule.decide(confident)
+    doubtful = hand_state(called=(), weak_scores=torch.tensor([-0.5 - 5.0, -2.0 - 5.0]))
+    assert rule.decide(doubtful)
+
+
+def test_chain_tokens_are_scored_where_the_ngram_matched(tiny_self_pair):
+    drafter, target = tiny_self_pair
+    models = Models(CausalLM(target.model), CausalLM(drafter.model), 256)
+    method = create_method(DecodeConfig(method="all-small", tree=SMALL_TREE), models)
+    prompt = torch.tensor([5, 6, 7, 8, 9, 5, 6])
+    logits = torch.randn(prompt.numel(), 256)
+    method.start(Prefill(prompt, logits))
+    committed = torch.cat([prompt, torch.tensor([7])])
+    method.index.sync(committed)
+    growth = Growth.start(7, torch.device("cpu"))
+    proposal = method.loop.propose_weak(growth, 1)
+    # "5 6 7" matched ending at position 2: the chain 8 9 5 6 7 follows; token j came after position 2 + j
+    assert [c.tokens[:4] for _, c in proposal.chains] == [(8, 9, 5, 6)]
+    logp = torch.log_softmax(logits, dim=-1)
+    top = torch.topk(logp, TreeGraftConfig().top_w, dim=-1)
+    wanted = [logp[2 + j, t] if t in top.indices[2 + j] else top.values[2 + j, -1] - 5.0 for j, t in enumerate((8, 9, 5, 6))]
+    assert torch.allclose(proposal.logp[0, :4], torch.stack(wanted), atol=1e-5)
+    assert torch.allclose(proposal.scores(growth.tree)[:4], torch.stack(wanted).cumsum(0), atol=1e-5)
+    method.loop.weak_layer(growth, 1, proposal)
+    assert torch.allclose(growth.tree.scores[1:5], torch.stack(wanted).cumsum(0), atol=1e-5)
 
 
 def test_fixed_layers_resolve_from_the_method_name(tiny_self_pair):

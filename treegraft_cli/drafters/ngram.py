@@ -6,8 +6,8 @@ by nature (hashing token tuples); it runs once per expanded parent, never per no
 
 Scores. ``TargetLogProbCache`` keeps the target's top-W log-probs at every committed position. A
 continuation whose first token follows a match ending at position p is scored with the log-prob of that
-token at p (the W-th best minus ``fallback_penalty`` when outside the top-W); deeper chain tokens add
-nothing (they get no score until the strong drafter rescores them).
+token at p (the W-th best minus ``fallback_penalty`` when outside the top-W); chain token j likewise
+with the log-prob at p + j (``grafting.builder.LayerLoop.chain_logp``), summed along the chain.
 
 Rule for generated text: the prompt's positions are filled from the prefill, and each generated
 position from the verification forward in which it was the root or an accepted node. That forward ran

@@ -6,7 +6,10 @@ most K nodes for the next one. At the end the tree is cut to N nodes by score, a
 
 Skip: every frontier parent not yet expanded by the weak drafter gets up to K n-gram continuations,
 whole chains (up to ``max_depth``). Only the chain heads of parents that found all K continuations
-form the next frontier: a parent that cannot reach K stops expanding, its chains stay.
+form the next frontier: a parent that cannot reach K stops expanding, its chains stay. Every chain
+token is scored with the target's log-prob of it at its matched context position (``chain_logp``). A
+policy with ``previews_weak`` sees those scores before deciding (``SchedulerState.weak_scores``): the
+lookup is done once and reused when the layer skips.
 
 Call: one strong forward over the tree — every unforwarded node that has children (their children need
 rescoring) and the best ``pool`` unforwarded grafting candidates (an EAGLE-3 head needs one forward per
@@ -58,6 +61,22 @@ class Growth:
 
 
 @dataclass(frozen=True)
+class WeakProposal:
+    """What a skip would add: chains under frontier parents, and each chain token's target log-prob."""
+
+    chains: list[tuple[int, Continuation]]
+    full: list[int]  # parents that found all K continuations (their chain heads form the next frontier)
+    logp: torch.Tensor  # [c, width] per chain token; -inf pads chains shorter than the longest
+
+    def scores(self, tree: DraftTree) -> torch.Tensor:  # -> [chain tokens] cumulative, parents' scores included
+        if not self.chains:
+            return torch.empty(0)
+        parents = torch.tensor([p for p, _ in self.chains], dtype=torch.long, device=tree.device)
+        cumulative = tree.scores[parents].cpu()[:, None] + self.logp.cumsum(dim=1)
+        return cumulative[torch.isfinite(cumulative)]
+
+
+@dataclass(frozen=True)
 class LayerRecord:
     """What happened at one layer: the action, whether it was forced, and the features when recorded."""
 
@@ -106,18 +125,21 @@ class LayerLoop:
         g = Growth.start(int(committed[-1]), device)
         records = []
         for layer in range(1, self.shape.depth + 1):
-            state = self.state(g, layer, costs, prompt_length)
+            preview = self.propose_weak(g, layer) if policy.previews_weak and layer not in forced else None
+            state = self.state(g, layer, costs, prompt_length, preview)
             wanted = forced[layer] if layer in forced else policy.decide(state)
             call = wanted and self.strong is not None and bool(state.candidates.any())
             if call:
                 self.strong_layer(g, layer, committed)
                 g.called.append(layer)
             else:
-                self.weak_layer(g, layer)
+                self.weak_layer(g, layer, preview)
             records.append(LayerRecord(layer, call, layer in forced, features(state) if record else None))
         return cut_to_budget(g.tree, self.shape.budget), records, g
 
-    def state(self, g: Growth, layer: int, costs: CostModel, prompt_length: int) -> SchedulerState:
+    def state(
+        self, g: Growth, layer: int, costs: CostModel, prompt_length: int, preview: WeakProposal | None = None
+    ) -> SchedulerState:
         window = graft_window(g.tree, layer, self.options.lookback, self.options.max_depth, g.expanded)
         return SchedulerState(
             tree=g.tree,
@@ -130,17 +152,33 @@ class LayerLoop:
             costs=costs,
             width=self.shape.top_k,
             budget=self.shape.budget,
+            weak_scores=preview.scores(g.tree) if preview is not None else None,
         )
 
     # -- skip: the weak drafter ---------------------------------------------------------------------
 
-    def weak_layer(self, g: Growth, layer: int) -> None:
+    def weak_layer(self, g: Growth, layer: int, proposal: WeakProposal | None = None) -> None:
+        """Skip: hang the weak drafter's chains (``proposal``, looked up here when not previewed)."""
+        proposal = proposal if proposal is not None else self.propose_weak(g, layer)
         parents = g.frontier[~g.weak_done[g.frontier]]
         g.frontier = parents[:0]
         if parents.numel() == 0:
             return
         g.weak_done[parents] = True
         g.weak_expansions += 1
+        if not proposal.chains:
+            return
+        tree = g.tree
+        heads, chain_parents = self.add_chains(tree, proposal)
+        g.sync()
+        from_full = torch.isin(chain_parents, torch.tensor(proposal.full, dtype=torch.long, device=tree.device))
+        allowed = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
+        allowed[heads[from_full]] = True
+        g.frontier = top_nodes(tree.scores, allowed, self.shape.top_k)
+
+    def propose_weak(self, g: Growth, layer: int) -> WeakProposal:
+        """The chains a skip at ``layer`` would add, looked up but not added (a policy may preview them)."""
+        parents = g.frontier[~g.weak_done[g.frontier]]
         k, max_n = self.shape.top_k, max(1, self.options.max_n - layer + 1)
         tree = g.tree
         tokens, parent_of, depths = tree.tokens.tolist(), tree.parents.tolist(), tree.depths.tolist()
@@ -156,29 +194,35 @@ class LayerLoop:
             chains.extend((parent, c) for c in found)
             if len(found) == k:
                 full.append(parent)
-        if not chains:
-            return
-        heads, chain_parents = self.add_chains(tree, chains)
-        g.sync()
-        from_full = torch.isin(chain_parents, torch.tensor(full, dtype=torch.long, device=tree.device))
-        allowed = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
-        allowed[heads[from_full]] = True
-        g.frontier = top_nodes(tree.scores, allowed, k)
+        return WeakProposal(chains, full, self.chain_logp(chains))
 
-    def add_chains(self, tree: DraftTree, chains: list[tuple[int, Continuation]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Hang every chain under its parent, one batched ``add_children`` per chain level; return the heads."""
-        device = tree.device
-        parents = torch.tensor([p for p, _ in chains], dtype=torch.long, device=device)
-        positions = torch.tensor([c.position for _, c in chains], dtype=torch.long)
-        lengths = torch.tensor([len(c.tokens) for _, c in chains], dtype=torch.long, device=device)
+    def chain_logp(self, chains: list[tuple[int, Continuation]]) -> torch.Tensor:  # -> [c, width]
+        """Per chain token, the target's log-prob of it at its matched context position (-inf as padding).
+
+        Token j of a continuation after the match ending at p is context[p + 1 + j]; the target saw it
+        follow position p + j, and its log-prob there is how sure it was. A chain's cumulative score is
+        its parent's plus the running sum, so a long match the target found surprising ranks low.
+        """
+        if not chains:
+            return torch.empty(0, 0)
+        lengths = torch.tensor([len(c.tokens) for _, c in chains])
         width = int(lengths.max())
-        padded = torch.tensor([list(c.tokens) + [0] * (width - len(c.tokens)) for _, c in chains], device=device)
-        # the head's log-prob from the target at the match; deeper chain tokens add nothing (unscored)
-        scores = tree.scores[parents] + self.target_logp.score(positions, padded[:, 0].cpu()).to(device)
+        padded = torch.tensor([list(c.tokens) + [0] * (width - len(c.tokens)) for _, c in chains])
+        positions = torch.tensor([c.position for _, c in chains])[:, None] + torch.arange(width)[None, :]
+        logp = self.target_logp.score(positions.flatten(), padded.flatten()).view(len(chains), width)
+        return torch.where(torch.arange(width)[None, :] < lengths[:, None], logp, float("-inf"))
+
+    def add_chains(self, tree: DraftTree, proposal: WeakProposal) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hang every chain under its parent, one batched ``add_children`` per chain level; return the heads."""
+        device, chains = tree.device, proposal.chains
+        parents = torch.tensor([p for p, _ in chains], dtype=torch.long, device=device)
+        logp = proposal.logp.to(device)  # [c, width]
+        padded = torch.tensor([list(c.tokens) + [0] * (logp.shape[1] - len(c.tokens)) for _, c in chains], device=device)
         current, heads = parents.clone(), parents
-        for level in range(width):
-            active = lengths > level
-            nodes = tree.add_children(current[active], padded[active, level], scores[active], ORIGIN_NGRAM)
+        for level in range(logp.shape[1]):
+            active = torch.isfinite(logp[:, level])
+            scores = tree.scores[current[active]] + logp[active, level]
+            nodes = tree.add_children(current[active], padded[active, level], scores, ORIGIN_NGRAM)
             current[active] = nodes
             if level == 0:
                 heads = nodes

@@ -17,7 +17,7 @@ from types import MappingProxyType
 import torch
 
 from ..errors import ConfigError
-from ..tree import DraftTree
+from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree
 from .config import TreeGraftConfig, parse_layers
 from .tree_ops import monotone_scores, top_nodes
 
@@ -71,6 +71,7 @@ class SchedulerState:
     costs: CostModel
     width: int  # K
     budget: int  # N
+    weak_scores: torch.Tensor | None = None  # [m] cumulative scores of the nodes a skip would add (previewed)
 
     def reselection(self) -> torch.Tensor:
         """[≤K] the grafting positions a strong call would pick on the current scores (before rescoring)."""
@@ -112,9 +113,13 @@ class CallPolicy(ABC):
     """Decides call/skip per layer; at most ``call_budget`` calls per step, none without a grafting position."""
 
     name = ""
+    previews_weak = False  # the layer loop looks up the weak chains before asking (SchedulerState.weak_scores)
 
     def __init__(self, call_budget: int):
         self.call_budget = call_budget
+
+    def observe(self, tree: DraftTree, accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        """A verified step: ``accepted`` ``[a]`` root and accepted nodes, ``next_tokens`` ``[a]`` the target's token after each."""
 
     def decide(self, state: SchedulerState) -> bool:
         if len(state.called) >= self.call_budget or not bool(state.candidates.any()):
@@ -165,42 +170,84 @@ class MarginPolicy(CallPolicy):
 
 
 class CostAwareRule(CallPolicy):
-    """Myopic rule: call iff the call raises this step's expected tokens per modelled millisecond.
+    """Rule from measured costs: call iff calling yields more expected tokens per modelled millisecond.
 
-    Scores are read as acceptance estimates: a node is accepted with probability ≈ exp(score), so the
-    tree cut to N is worth E = 1 + Σ exp(top-N scores) tokens. A call would graft under the K positions
-    a reselection picks; at position u the reach probability is exp(s(u)), its existing children already
-    cover c(u) = min(1, Σ exp(s(child) − s(u))) of the next token, and the strong children are assumed to
-    capture ``hit_rate`` of the rest: one virtual child scored s(u) + log(hit_rate·(1 − c(u))). The gain
-    is E with those children minus E without (both cut to N). With T = verify_ms + calls·strong_ms the
-    step's modelled time, call iff (E + gain) / (T + strong_ms) > E / T.
+    Scores are read as acceptance estimates: a node is accepted with probability ≈ exp(score), so a tree
+    cut to N is worth E = 1 + Σ exp(top-N scores) tokens.
+
+    - Skip adds the weak drafter's chains, previewed before deciding (their tokens scored by the target's
+      log-probs where the n-gram matched): E_skip is E with those nodes, at time T.
+    - Call grafts under the K positions a reselection picks; at position u the reach probability is
+      exp(s(u)), its existing children already cover c(u) = min(1, Σ exp(s(child) − s(u))) of the next
+      token, and the strong children capture a share h of the rest: one virtual child scored
+      s(u) + log(h·(1 − c(u))). E_call is E with those children, at time T + strong_ms.
+    - Call now and at each of the R layers left (within the call budget): each further call deepens the
+      best position's line by one node, reached with probability r·h^j. E_all at T + R·strong_ms. The
+      reach r of a position on a line of strong children is h^depth (measured), not the drafter's own
+      score: the drafter's probabilities understate how often a well-aligned drafter's top child is right.
+
+    T = verify_ms + calls so far · strong_ms. Call iff E_call / (T + strong_ms) or E_all / (T + R·strong_ms)
+    beats E_skip / T. A confident n-gram match keeps the strong drafter idle; a miss makes it cheap.
+
+    h is measured on the verified steps (``observe``): it starts at ``hit_rate`` and follows an
+    exponential moving average (``decay`` per observed node) of how often the target's next token at an
+    accepted node with strong children is one of that node's children.
     """
 
     name = "cost-aware"
+    previews_weak = True
 
-    def __init__(self, call_budget: int, hit_rate: float):
+    def __init__(self, call_budget: int, hit_rate: float, decay: float = 0.95):
         super().__init__(call_budget)
         self.hit_rate = hit_rate
+        self.decay = decay
+
+    def observe(self, tree: DraftTree, accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        children = tree.parents[None, :] == accepted[:, None]  # [a, num_nodes]
+        strong = (children & (tree.origins == ORIGIN_MODEL)[None, :]).any(dim=1)
+        hits = (children & (tree.tokens[None, :] == next_tokens[:, None])).any(dim=1)[strong]
+        if hits.numel():
+            keep = self.decay ** hits.numel()
+            self.hit_rate = keep * self.hit_rate + (1 - keep) * float(hits.float().mean())
 
     def wants_call(self, state: SchedulerState) -> bool:
         costs = state.costs
         if costs.strong_ms <= 0:
             return True
-        expected, gain = self.expected_and_gain(state)
+        skip, call, call_all, remaining = self.expected_tokens(state)
         elapsed = costs.verify_ms + len(state.called) * costs.strong_ms
-        return (expected + gain) * elapsed > expected * (elapsed + costs.strong_ms)
+        once = call * elapsed > skip * (elapsed + costs.strong_ms)
+        every = call_all * elapsed > skip * (elapsed + remaining * costs.strong_ms)
+        return once or every
 
-    def expected_and_gain(self, state: SchedulerState) -> tuple[float, float]:
-        tree = state.tree
-        scores = monotone_scores(tree)
-        positions = state.reselection()
-        relative = torch.exp(scores[1:] - scores[tree.parents[1:]])
-        covered = torch.zeros(tree.num_nodes).index_add_(0, tree.parents[1:].cpu(), relative.cpu()).clamp(max=1.0)
-        room = self.hit_rate * (1.0 - covered[positions.cpu()])
-        virtual = scores[positions].cpu() + torch.log(room.clamp(min=1e-12))
-        before = _expected_tokens(scores[1:].cpu(), state.budget)
-        after = _expected_tokens(torch.cat([scores[1:].cpu(), virtual]), state.budget)
-        return before, after - before
+    def expected_tokens(self, state: SchedulerState) -> tuple[float, float, float, int]:
+        """(E_skip, E_call, E_all, R): expected accepted tokens after a skip, one call, R calls."""
+        tree, h = state.tree, self.hit_rate
+        scores = monotone_scores(tree).cpu()
+        positions = state.reselection().cpu()
+        parents = tree.parents[1:].cpu()
+        relative = torch.exp(scores[1:] - scores[parents])
+        covered = torch.zeros(tree.num_nodes).index_add_(0, parents, relative).clamp(max=1.0)
+        room = h * (1.0 - covered[positions])
+        virtual = scores[positions] + torch.log(room.clamp(min=1e-12))
+        weak = state.weak_scores.cpu() if state.weak_scores is not None else scores[:0]
+        skip = _expected_tokens(torch.cat([scores[1:], weak]), state.budget)
+        call = _expected_tokens(torch.cat([scores[1:], virtual]), state.budget)
+        remaining = max(1, min(state.num_layers - state.layer + 1, self.call_budget - len(state.called)))
+        deeper = sum(self.reach(tree, positions, scores) * h**j for j in range(1, remaining))
+        return skip, call, call + deeper, remaining
+
+
+    def reach(self, tree: DraftTree, positions: torch.Tensor, scores: torch.Tensor) -> float:
+        """Best reach probability among ``positions``: h^depth on all-strong lines, exp(score) elsewhere."""
+        if positions.numel() == 0:
+            return 0.0
+        strong_line = (tree.origins != ORIGIN_NGRAM).cpu() & torch.isfinite(scores)
+        for _ in range(tree.max_depth):  # an ancestor from the weak drafter breaks the line
+            strong_line[1:] &= strong_line[tree.parents[1:].cpu()]
+        depths = tree.depths[positions].cpu().float()
+        reach = torch.where(strong_line[positions], self.hit_rate**depths, scores[positions].exp())
+        return float(reach.max())
 
 
 def _expected_tokens(scores: torch.Tensor, budget: int) -> float:  # scores: [n] non-root

@@ -117,6 +117,8 @@ class TreeGraftMethod(Method):
         verified = observation.verdict.path[0, : observation.path.numel() + 1]
         root_position = observation.committed.shape[0] - observation.path.numel() - 2
         self.target_logp.append(root_position, observation.logits[verified])
+        # the target's token after each verified node: the next accepted node's, then the bonus
+        self.policy.observe(observation.tree, verified, observation.committed[-verified.numel() :].to(verified.device))
 
     def drafter_calls(self) -> dict[str, int]:
         if self.strong is None:
