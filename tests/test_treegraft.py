@@ -256,6 +256,38 @@ def test_cost_aware_rule_leaves_the_strong_drafter_idle_behind_a_confident_ngram
     assert rule.decide(doubtful)
 
 
+def test_hit_rate_follows_how_often_strong_children_hold_the_next_token():
+    tree = DraftTree.from_root(0)  # root → 1, 2 (strong); 1 → 3 (n-gram only)
+    tree.add_children(torch.tensor([0, 0]), torch.tensor([1, 2]), torch.tensor([-0.1, -1.0]), ORIGIN_MODEL)
+    tree.add_children(torch.tensor([1]), torch.tensor([3]), torch.tensor([-0.5]), ORIGIN_NGRAM)
+    rule = CostAwareRule(call_budget=5, hit_rate=0.5, decay=0.5)
+    rule.observe(tree, torch.tensor([0, 1]), torch.tensor([1, 7]))  # root's next token 1 is a strong child: hit
+    assert rule.hit_rate == pytest.approx(0.75)  # node 1 has no strong children: not counted
+    rule.observe(tree, torch.tensor([0]), torch.tensor([9]))  # a miss
+    assert rule.hit_rate == pytest.approx(0.375)
+
+
+def test_lookahead_calls_when_only_the_layers_left_pay_for_it():
+    """root → a (strong, -0.05); a → c, d (strong, spread: -1.4, -1.5). Layers 1, 2 called; c, d graftable.
+
+    The drafter is unsure between c and d, yet the target's next token is among a strong node's children
+    95% of the time: one more call alone does not pay at strong_ms 40, three (to the last layer) do.
+    """
+    tree = DraftTree.from_root(0)
+    tree.add_children(torch.tensor([0]), torch.tensor([1]), torch.tensor([-0.05]), ORIGIN_MODEL)
+    tree.add_children(torch.tensor([1, 1]), torch.tensor([3, 4]), torch.tensor([-1.4, -1.5]), ORIGIN_MODEL)
+    expanded = torch.tensor([True, True, False, False])
+    state = SchedulerState(
+        tree=tree, frontier=torch.tensor([2, 3]), candidates=graft_window(tree, 3, 5, 10, expanded), layer=3,
+        num_layers=5, called=(1, 2), prompt_length=9, costs=CostModel(100.0, 40.0), width=2, budget=63,
+    )
+    skip, once, every, remaining = CostAwareRule(call_budget=5, hit_rate=0.95).expected_tokens(state)
+    elapsed = 100.0 + 2 * 40.0
+    assert remaining == 3 and once * elapsed < skip * (elapsed + 40.0) and every * elapsed > skip * (elapsed + 3 * 40.0)
+    assert CostAwareRule(call_budget=5, hit_rate=0.95).decide(state)
+    assert not CostAwareRule(call_budget=3, hit_rate=0.95).decide(state)  # one call left: no lookahead
+
+
 def test_chain_tokens_are_scored_where_the_ngram_matched(tiny_self_pair):
     drafter, target = tiny_self_pair
     models = Models(CausalLM(target.model), CausalLM(drafter.model), 256)
