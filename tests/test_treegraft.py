@@ -14,6 +14,7 @@ from treegraft_cli.drafters.ngram import NgramIndex, TargetLogProbCache
 from treegraft_cli.engine import SpeculativeDecoder
 from treegraft_cli.errors import ConfigError
 from treegraft_cli.grafting.builder import Growth
+from treegraft_cli.grafting.calibration import AcceptanceCalibration
 from treegraft_cli.grafting.config import TreeGraftConfig
 from treegraft_cli.grafting.scheduler import (
     AllMid,
@@ -22,6 +23,7 @@ from treegraft_cli.grafting.scheduler import (
     FixedLayers,
     MarginPolicy,
     SchedulerState,
+    WeakPreview,
     features,
     make_policy,
 )
@@ -201,7 +203,7 @@ def test_target_logprob_cache_scores_and_penalises():
 # -- scheduler features and policies -------------------------------------------------------------------
 
 
-def hand_state(called=(1, 2), layer=3, verify_ms=100.0, strong_ms=25.0, weak_scores=None) -> SchedulerState:
+def hand_state(called=(1, 2), layer=3, verify_ms=100.0, strong_ms=25.0, weak=None) -> SchedulerState:
     """root → a(-0.1), b(-1.0); a → c(-0.5), d(-2.0). Frontier {c, d}; root and a expanded by the strong drafter."""
     tree = DraftTree.from_root(0)
     tree.add_children(torch.tensor([0, 0]), torch.tensor([1, 2]), torch.tensor([-0.1, -1.0]), ORIGIN_MODEL)
@@ -218,7 +220,7 @@ def hand_state(called=(1, 2), layer=3, verify_ms=100.0, strong_ms=25.0, weak_sco
         costs=CostModel(verify_ms, strong_ms),
         width=2,
         budget=63,
-        weak_scores=weak_scores,
+        weak=weak,
     )
 
 
@@ -246,14 +248,37 @@ def test_cost_aware_rule_weighs_gain_against_cost():
 def test_cost_aware_rule_leaves_the_strong_drafter_idle_behind_a_confident_ngram_match():
     rule = CostAwareRule(call_budget=5, hit_rate=0.8)
     assert rule.previews_weak
-    none, empty = hand_state(called=()), hand_state(called=(), weak_scores=torch.empty(0))
-    assert rule.decide(none) and rule.decide(empty)  # nothing to skip to: the strong call pays
-    # a skip would add a chain the target predicted with probability ~0.95 per token under c and d
-    chain = torch.log(torch.tensor(0.95)) * torch.arange(1, 9)
-    confident = hand_state(called=(), weak_scores=torch.cat([-0.5 + chain, -2.0 + chain]))
-    assert not rule.decide(confident)
-    doubtful = hand_state(called=(), weak_scores=torch.tensor([-0.5 - 5.0, -2.0 - 5.0]))
-    assert rule.decide(doubtful)
+    under_c_and_d = torch.tensor([3, 4])
+    nothing = WeakPreview(under_c_and_d[:0], torch.empty(0, 1))
+    cheap = {"called": (), "strong_ms": 10.0}  # a call costs a tenth of a verification
+    assert rule.decide(hand_state(**cheap)) and rule.decide(hand_state(**cheap, weak=nothing))
+    # a skip would add two chains of 8 tokens the target predicted with probability 0.95 each
+    confident = WeakPreview(under_c_and_d, torch.full((2, 8), math.log(0.95)))
+    assert not rule.decide(hand_state(**cheap, weak=confident))
+    doubtful = WeakPreview(under_c_and_d, torch.full((2, 1), -5.0))
+    assert rule.decide(hand_state(**cheap, weak=doubtful))
+
+
+def test_calibration_maps_scores_to_measured_acceptance():
+    tree = DraftTree.from_root(0)  # root → 1 (strong, p 0.55), 2 (n-gram, p 0.95); 1 → 3 (strong, p 0.55)
+    tree.add_children(torch.tensor([0, 0]), torch.tensor([1, 2]), torch.log(torch.tensor([0.55, 0.95])), ORIGIN_MODEL)
+    tree.origins[2] = ORIGIN_NGRAM
+    tree.add_children(torch.tensor([1]), torch.tensor([3]), torch.log(torch.tensor([0.55 * 0.55])), ORIGIN_MODEL)
+    calibration = AcceptanceCalibration(bins=10, prior_weight=2.0)
+    assert torch.allclose(calibration.reach(tree), torch.tensor([1.0, 0.55, 0.95, 0.55 * 0.55]), atol=1e-6)  # prior
+    for _ in range(98):  # the strong child at 0.55 is always accepted, the n-gram child at 0.95 never
+        calibration.observe(tree, torch.tensor([0, 1, 3]))
+    # nodes 1 and 3 share the strong bin 0.5-0.6 (both accepted, twice a step); node 2 the n-gram bin 0.9-1.0
+    assert calibration.seen[ORIGIN_MODEL, 5] == 2 + 2 * 98 and calibration.seen[ORIGIN_NGRAM, 9] == 2 + 98
+    strong_rate, ngram_rate = (2 * 0.55 + 2 * 98) / 198, (2 * 0.95) / 100
+    reach = calibration.reach(tree)
+    assert reach.tolist() == pytest.approx([1.0, strong_rate, ngram_rate, strong_rate**2])
+
+
+def test_verify_cost_grows_with_the_tree_when_the_root_alone_was_timed():
+    flat, growing = CostModel(300.0, 90.0), CostModel(300.0, 90.0, verify_root_ms=200.0)
+    assert flat.verify_at(0, 16) == flat.verify_at(16, 16) == 300.0
+    assert [growing.verify_at(n, 16) for n in (0, 8, 16, 40)] == [200.0, 250.0, 300.0, 300.0]
 
 
 def test_hit_rate_follows_how_often_strong_children_hold_the_next_token():
@@ -265,27 +290,6 @@ def test_hit_rate_follows_how_often_strong_children_hold_the_next_token():
     assert rule.hit_rate == pytest.approx(0.75)  # node 1 has no strong children: not counted
     rule.observe(tree, torch.tensor([0]), torch.tensor([9]))  # a miss
     assert rule.hit_rate == pytest.approx(0.375)
-
-
-def test_lookahead_calls_when_only_the_layers_left_pay_for_it():
-    """root → a (strong, -0.05); a → c, d (strong, spread: -1.4, -1.5). Layers 1, 2 called; c, d graftable.
-
-    The drafter is unsure between c and d, yet the target's next token is among a strong node's children
-    95% of the time: one more call alone does not pay at strong_ms 40, three (to the last layer) do.
-    """
-    tree = DraftTree.from_root(0)
-    tree.add_children(torch.tensor([0]), torch.tensor([1]), torch.tensor([-0.05]), ORIGIN_MODEL)
-    tree.add_children(torch.tensor([1, 1]), torch.tensor([3, 4]), torch.tensor([-1.4, -1.5]), ORIGIN_MODEL)
-    expanded = torch.tensor([True, True, False, False])
-    state = SchedulerState(
-        tree=tree, frontier=torch.tensor([2, 3]), candidates=graft_window(tree, 3, 5, 10, expanded), layer=3,
-        num_layers=5, called=(1, 2), prompt_length=9, costs=CostModel(100.0, 40.0), width=2, budget=63,
-    )
-    skip, once, every, remaining = CostAwareRule(call_budget=5, hit_rate=0.95).expected_tokens(state)
-    elapsed = 100.0 + 2 * 40.0
-    assert remaining == 3 and once * elapsed < skip * (elapsed + 40.0) and every * elapsed > skip * (elapsed + 3 * 40.0)
-    assert CostAwareRule(call_budget=5, hit_rate=0.95).decide(state)
-    assert not CostAwareRule(call_budget=3, hit_rate=0.95).decide(state)  # one call left: no lookahead
 
 
 def test_chain_tokens_are_scored_where_the_ngram_matched(tiny_self_pair):
@@ -305,7 +309,7 @@ def test_chain_tokens_are_scored_where_the_ngram_matched(tiny_self_pair):
     top = torch.topk(logp, TreeGraftConfig().top_w, dim=-1)
     wanted = [logp[2 + j, t] if t in top.indices[2 + j] else top.values[2 + j, -1] - 5.0 for j, t in enumerate((8, 9, 5, 6))]
     assert torch.allclose(proposal.logp[0, :4], torch.stack(wanted), atol=1e-5)
-    assert torch.allclose(proposal.scores(growth.tree)[:4], torch.stack(wanted).cumsum(0), atol=1e-5)
+    assert torch.allclose(proposal.preview(growth.tree.device).scores(growth.tree)[:4], torch.stack(wanted).cumsum(0), atol=1e-5)
     method.loop.weak_layer(growth, 1, proposal)
     assert torch.allclose(growth.tree.scores[1:5], torch.stack(wanted).cumsum(0), atol=1e-5)
 

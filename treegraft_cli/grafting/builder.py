@@ -8,7 +8,7 @@ Skip: every frontier parent not yet expanded by the weak drafter gets up to K n-
 whole chains (up to ``max_depth``). Only the chain heads of parents that found all K continuations
 form the next frontier: a parent that cannot reach K stops expanding, its chains stay. Every chain
 token is scored with the target's log-prob of it at its matched context position (``chain_logp``). A
-policy with ``previews_weak`` sees those scores before deciding (``SchedulerState.weak_scores``): the
+policy with ``previews_weak`` sees those scores before deciding (``SchedulerState.weak``): the
 lookup is done once and reused when the layer skips.
 
 Call: one strong forward over the tree — every unforwarded node that has children (their children need
@@ -31,7 +31,7 @@ from ..drafters import StrongDrafter
 from ..drafters.ngram import Continuation, NgramIndex, TargetLogProbCache
 from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree
 from .config import TreeGraftConfig
-from .scheduler import CallPolicy, CostModel, SchedulerState, features
+from .scheduler import CallPolicy, CostModel, SchedulerState, WeakPreview, features
 from .tree_ops import cut_to_budget, graft_window, has_children, pad_column, rescore, top_nodes
 
 
@@ -68,12 +68,9 @@ class WeakProposal:
     full: list[int]  # parents that found all K continuations (their chain heads form the next frontier)
     logp: torch.Tensor  # [c, width] per chain token; -inf pads chains shorter than the longest
 
-    def scores(self, tree: DraftTree) -> torch.Tensor:  # -> [chain tokens] cumulative, parents' scores included
-        if not self.chains:
-            return torch.empty(0)
-        parents = torch.tensor([p for p, _ in self.chains], dtype=torch.long, device=tree.device)
-        cumulative = tree.scores[parents].cpu()[:, None] + self.logp.cumsum(dim=1)
-        return cumulative[torch.isfinite(cumulative)]
+    def preview(self, device: torch.device) -> WeakPreview:
+        parents = torch.tensor([p for p, _ in self.chains], dtype=torch.long, device=device)
+        return WeakPreview(parents, self.logp if self.chains else torch.empty(0, 1))
 
 
 @dataclass(frozen=True)
@@ -152,7 +149,7 @@ class LayerLoop:
             costs=costs,
             width=self.shape.top_k,
             budget=self.shape.budget,
-            weak_scores=preview.scores(g.tree) if preview is not None else None,
+            weak=preview.preview(g.tree.device) if preview is not None else None,
         )
 
     # -- skip: the weak drafter ---------------------------------------------------------------------

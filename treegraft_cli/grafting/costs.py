@@ -79,4 +79,4 @@ def measure_costs(
 ) -> CostModel:
     verify_ms = forward_ms(target, context, budget + 1)
     strong_ms = forward_ms(drafter, context, 2 * width) if drafter is not None else 0.0
-    return CostModel(verify_ms=verify_ms, strong_ms=strong_ms)
+    return CostModel(verify_ms=verify_ms, strong_ms=strong_ms, verify_root_ms=forward_ms(target, context, 1))

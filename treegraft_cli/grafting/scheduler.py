@@ -18,8 +18,9 @@ import torch
 
 from ..errors import ConfigError
 from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree
+from .calibration import AcceptanceCalibration
 from .config import TreeGraftConfig, parse_layers
-from .tree_ops import monotone_scores, top_nodes
+from .tree_ops import top_nodes
 
 FEATURE_NAMES = (
     "log1p_prompt_length",
@@ -44,10 +45,22 @@ FEATURE_NAMES = (
 
 @dataclass(frozen=True)
 class CostModel:
-    """Measured costs on this device: one target verification of a full tree, one strong drafter call."""
+    """Measured costs on this device: one target verification of a full tree, one strong drafter call.
+
+    ``verify_root_ms``, the verification of the root alone, makes the verify cost grow with the tree
+    (linearly between the two; 0: unknown, every tree costs ``verify_ms``). On a GPU the two are close;
+    on a CPU a full tree of 16 nodes costs about 1.5 times the root alone.
+    """
 
     verify_ms: float
     strong_ms: float
+    verify_root_ms: float = 0.0
+
+    def verify_at(self, nodes: int, budget: int) -> float:
+        """Modelled ms to verify a tree of ``nodes`` non-root nodes (at most ``budget`` count)."""
+        if self.verify_root_ms <= 0 or budget <= 0:
+            return self.verify_ms
+        return self.verify_root_ms + (self.verify_ms - self.verify_root_ms) * min(nodes, budget) / budget
 
     @property
     def log_ratio(self) -> float:
@@ -55,6 +68,27 @@ class CostModel:
         if self.verify_ms <= 0 or self.strong_ms <= 0:
             return 0.0
         return math.log(self.verify_ms / self.strong_ms)
+
+
+@dataclass(frozen=True)
+class WeakPreview:
+    """The chains a skip would hang, before they are hung: parents and per-token target log-probs."""
+
+    parents: torch.Tensor  # [c] node each chain hangs under
+    logp: torch.Tensor  # [c, width] float32 log-prob of each chain token where the n-gram matched; -inf pads
+
+    def scores(self, tree: DraftTree) -> torch.Tensor:  # -> [chain tokens] cumulative, parents' scores included
+        cumulative = tree.scores[self.parents].cpu()[:, None] + self.logp.cumsum(dim=1)
+        return cumulative[torch.isfinite(cumulative)]
+
+    def reach(self, parent_reach: torch.Tensor, rate) -> torch.Tensor:  # parent_reach: [num_nodes] -> [chain tokens]
+        """Calibrated reach of every chain token: the parent's times the measured n-gram rates along the chain."""
+        valid = torch.isfinite(self.logp)
+        origins = torch.full((int(valid.sum()),), ORIGIN_NGRAM, dtype=torch.long)
+        rates = torch.ones(self.logp.shape)
+        rates[valid] = rate(origins, self.logp[valid].exp())
+        cumulative = parent_reach[self.parents.cpu()][:, None] * rates.cumprod(dim=1)
+        return cumulative[valid]
 
 
 @dataclass(frozen=True)
@@ -71,7 +105,7 @@ class SchedulerState:
     costs: CostModel
     width: int  # K
     budget: int  # N
-    weak_scores: torch.Tensor | None = None  # [m] cumulative scores of the nodes a skip would add (previewed)
+    weak: WeakPreview | None = None  # what a skip would add, when the policy previews it
 
     def reselection(self) -> torch.Tensor:
         """[≤K] the grafting positions a strong call would pick on the current scores (before rescoring)."""
@@ -172,24 +206,22 @@ class MarginPolicy(CallPolicy):
 class CostAwareRule(CallPolicy):
     """Rule from measured costs: call iff calling yields more expected tokens per modelled millisecond.
 
-    Scores are read as acceptance estimates: a node is accepted with probability ≈ exp(score), so a tree
-    cut to N is worth E = 1 + Σ exp(top-N scores) tokens.
+    A node's *reach* is its calibrated acceptance probability (``AcceptanceCalibration``: the drafters'
+    scores mapped to acceptance rates measured on the verified steps); a tree cut to N is worth
+    E = 1 + Σ reach over its N best nodes.
 
-    - Skip adds the weak drafter's chains, previewed before deciding (their tokens scored by the target's
-      log-probs where the n-gram matched): E_skip is E with those nodes, at time T.
-    - Call grafts under the K positions a reselection picks; at position u the reach probability is
-      exp(s(u)), its existing children already cover c(u) = min(1, Σ exp(s(child) − s(u))) of the next
-      token, and the strong children capture a share h of the rest: one virtual child scored
-      s(u) + log(h·(1 − c(u))). E_call is E with those children, at time T + strong_ms.
-    - Call now and at each of the R layers left (within the call budget): each further call deepens the
-      best position's line by one node, reached with probability r·h^j. E_all at T + R·strong_ms. The
-      reach r of a position on a line of strong children is h^depth (measured), not the drafter's own
-      score: the drafter's probabilities understate how often a well-aligned drafter's top child is right.
+    - Skip adds the weak drafter's chains, previewed before deciding: E_skip, at time T_skip.
+    - Call grafts under the K positions a reselection picks; at position u, whose children already cover
+      c(u) = min(1, Σ reach(child) / reach(u)) of the next token, the strong children capture a share h of
+      the rest: one virtual child of reach reach(u)·h·(1 − c(u)). E_call, at time T_call.
 
-    T = verify_ms + calls so far · strong_ms. Call iff E_call / (T + strong_ms) or E_all / (T + R·strong_ms)
-    beats E_skip / T. A confident n-gram match keeps the strong drafter idle; a miss makes it cheap.
+    T = verify of the tree after the layer (``CostModel.verify_at``, the nodes it would hold) + calls ·
+    strong_ms, one more call for T_call. Call iff E_call / T_call > E_skip / T_skip. A confident n-gram
+    match keeps the strong drafter idle; a miss makes it cheap. (Looking further ahead adds
+    nothing here: in this model each further call adds at most h times the previous call's gain for the
+    same cost, so a call that does not pay alone does not pay as the first of several.)
 
-    h is measured on the verified steps (``observe``): it starts at ``hit_rate`` and follows an
+    h is measured on the verified steps too (``observe``): it starts at ``hit_rate`` and follows an
     exponential moving average (``decay`` per observed node) of how often the target's next token at an
     accepted node with strong children is one of that node's children.
     """
@@ -201,8 +233,10 @@ class CostAwareRule(CallPolicy):
         super().__init__(call_budget)
         self.hit_rate = hit_rate
         self.decay = decay
+        self.calibration = AcceptanceCalibration()
 
     def observe(self, tree: DraftTree, accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        self.calibration.observe(tree, accepted)
         children = tree.parents[None, :] == accepted[:, None]  # [a, num_nodes]
         strong = (children & (tree.origins == ORIGIN_MODEL)[None, :]).any(dim=1)
         hits = (children & (tree.tokens[None, :] == next_tokens[:, None])).any(dim=1)[strong]
@@ -214,45 +248,31 @@ class CostAwareRule(CallPolicy):
         costs = state.costs
         if costs.strong_ms <= 0:
             return True
-        skip, call, call_all, remaining = self.expected_tokens(state)
-        elapsed = costs.verify_ms + len(state.called) * costs.strong_ms
-        once = call * elapsed > skip * (elapsed + costs.strong_ms)
-        every = call_all * elapsed > skip * (elapsed + remaining * costs.strong_ms)
-        return once or every
+        skip, call = self.expected_tokens(state)
+        tree, calls = state.tree, len(state.called)
+        added = int(torch.isfinite(state.weak.logp).sum()) if state.weak is not None else 0
+        grafted = state.width * int(state.reselection().numel())
+        skip_ms = costs.verify_at(tree.size + added, state.budget) + calls * costs.strong_ms
+        call_ms = costs.verify_at(tree.size + grafted, state.budget) + (calls + 1) * costs.strong_ms
+        return call * skip_ms > skip * call_ms
 
-    def expected_tokens(self, state: SchedulerState) -> tuple[float, float, float, int]:
-        """(E_skip, E_call, E_all, R): expected accepted tokens after a skip, one call, R calls."""
+    def expected_tokens(self, state: SchedulerState) -> tuple[float, float]:
+        """(E_skip, E_call): expected accepted tokens of the cut tree after a skip and after a call."""
         tree, h = state.tree, self.hit_rate
-        scores = monotone_scores(tree).cpu()
+        reach = self.calibration.reach(tree)
         positions = state.reselection().cpu()
         parents = tree.parents[1:].cpu()
-        relative = torch.exp(scores[1:] - scores[parents])
-        covered = torch.zeros(tree.num_nodes).index_add_(0, parents, relative).clamp(max=1.0)
-        room = h * (1.0 - covered[positions])
-        virtual = scores[positions] + torch.log(room.clamp(min=1e-12))
-        weak = state.weak_scores.cpu() if state.weak_scores is not None else scores[:0]
-        skip = _expected_tokens(torch.cat([scores[1:], weak]), state.budget)
-        call = _expected_tokens(torch.cat([scores[1:], virtual]), state.budget)
-        remaining = max(1, min(state.num_layers - state.layer + 1, self.call_budget - len(state.called)))
-        deeper = sum(self.reach(tree, positions, scores) * h**j for j in range(1, remaining))
-        return skip, call, call + deeper, remaining
+        shares = reach[1:] / reach[parents].clamp(min=1e-12)
+        covered = torch.zeros(tree.num_nodes).index_add_(0, parents, shares).clamp(max=1.0)
+        virtual = reach[positions] * h * (1.0 - covered[positions])
+        weak = state.weak.reach(reach, self.calibration.rate) if state.weak is not None else reach[:0]
+        skip = _expected_tokens(torch.cat([reach[1:], weak]), state.budget)
+        return skip, _expected_tokens(torch.cat([reach[1:], virtual]), state.budget)
 
 
-    def reach(self, tree: DraftTree, positions: torch.Tensor, scores: torch.Tensor) -> float:
-        """Best reach probability among ``positions``: h^depth on all-strong lines, exp(score) elsewhere."""
-        if positions.numel() == 0:
-            return 0.0
-        strong_line = (tree.origins != ORIGIN_NGRAM).cpu() & torch.isfinite(scores)
-        for _ in range(tree.max_depth):  # an ancestor from the weak drafter breaks the line
-            strong_line[1:] &= strong_line[tree.parents[1:].cpu()]
-        depths = tree.depths[positions].cpu().float()
-        reach = torch.where(strong_line[positions], self.hit_rate**depths, scores[positions].exp())
-        return float(reach.max())
-
-
-def _expected_tokens(scores: torch.Tensor, budget: int) -> float:  # scores: [n] non-root
-    best = torch.topk(scores, min(budget, scores.numel())).values if scores.numel() else scores
-    return 1.0 + float(torch.exp(best).sum())
+def _expected_tokens(reach: torch.Tensor, budget: int) -> float:  # reach: [n] non-root
+    best = torch.topk(reach, min(budget, reach.numel())).values if reach.numel() else reach
+    return 1.0 + float(best.sum())
 
 
 def _learned(argument: str, options: TreeGraftConfig) -> CallPolicy:

@@ -86,7 +86,11 @@ class TreeGraftMethod(Method):
             measured = measure_costs(
                 self.models.target.model, drafter, prefill.prompt_ids[-COST_CONTEXT:], self.config.tree.budget, self.config.tree.top_k
             )
-            self.costs = CostModel(self.costs.verify_ms or measured.verify_ms, self.costs.strong_ms or measured.strong_ms)
+            self.costs = CostModel(
+                self.costs.verify_ms or measured.verify_ms,
+                self.costs.strong_ms or measured.strong_ms,
+                measured.verify_root_ms if not self.costs.verify_ms else 0.0,
+            )
 
     def draft(self, committed: torch.Tensor) -> DraftTree:
         return self.build(committed)[0]

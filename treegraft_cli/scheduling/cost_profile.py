@@ -77,9 +77,13 @@ class CostProfile:
         return _surface(self.contexts, self.tree_tokens, self.drafter_ms, context, tokens) if self.drafter_ms else 0.0
 
     def cost_model(self, budget: int, width: int, context: int) -> CostModel:
-        """The scheduler's two cost features, as ``grafting.costs.measure_costs`` defines them: a target
-        forward of a full tree (N + 1 tokens) and a strong call over 2·K tokens."""
-        return CostModel(self.target_forward_ms(budget + 1, context), self.drafter_forward_ms(2 * width, context))
+        """The scheduler's costs, as ``grafting.costs.measure_costs`` defines them: a target forward of a
+        full tree (N + 1 tokens), a strong call over 2·K tokens, and a target forward of the root alone."""
+        return CostModel(
+            self.target_forward_ms(budget + 1, context),
+            self.drafter_forward_ms(2 * width, context),
+            self.target_forward_ms(1, context),
+        )
 
     def step_ms(self, tree_tokens: int, strong_calls: int, weak_layers: int, width: int, context: int) -> float:
         """Modelled time of one step: verify the tree, ``strong_calls`` strong forwards, ``weak_layers`` n-gram layers."""
