@@ -54,11 +54,11 @@ def bench(
     """Run methods side by side (ar first) on a suite; table, results.json, Spec-Bench answers, plots."""
     default_tokens = QUICK_MAX_NEW_TOKENS if suite == "quick" and not prompts else None
     run = resolve_run(pair, profile, dtype, device, max_new_tokens or default_tokens, temperature, budget, depth, tree_top_k)
-    questions = suite_questions(suite, prompts or (), num_prompts)
-    reference = load_baseline(baseline) if baseline else None
     chosen = split_methods(methods) if methods else None
     if chosen:
-        check_names(chosen)  # before the models load
+        check_names(chosen)  # before the data and the models load
+    questions = suite_questions(suite, prompts or (), num_prompts)
+    reference = load_baseline(baseline) if baseline else None
     with console.fetch_progress() as progress:
         pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress)
     names = chosen or default_methods(pipeline, run.config.sampling.greedy)
