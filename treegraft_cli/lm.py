@@ -95,8 +95,14 @@ class CausalLM:
         input_ids: torch.Tensor,  # [n]
         position_ids: torch.Tensor | None = None,  # [n]; default: continue after the cache
         visible: torch.Tensor | None = None,  # [n, cache_length + n] bool; default: causal
+        logits_to_keep: int = 0,
     ) -> torch.Tensor:
-        """Append ``input_ids`` to the cache and return their logits ``[n, vocab]``."""
+        """Append ``input_ids`` to the cache and return their logits ``[n, vocab]``.
+
+        ``logits_to_keep`` > 0 returns only the last that many rows: a drafter catching up on a long
+        prompt needs the last row alone, and the LM head over every prompt row would cost as much as a
+        third of the forward.
+        """
         n = input_ids.shape[0]
         start = self.cache_length
         if position_ids is None:
@@ -110,6 +116,7 @@ class CausalLM:
                 attention_mask=attention_mask,
                 cache=self.cache,
                 use_cache=True,
+                **({"logits_to_keep": logits_to_keep} if logits_to_keep > 0 else {}),
             )
         if self.capture_indices:
             self.last_hidden = torch.cat([captured[i][0].to(self.device) for i in self.capture_indices], dim=-1)

@@ -35,7 +35,7 @@ class ModelDrafter:
         self.calls = 0
         self.lm.crop(self.committed_length)
         pending = committed[self.committed_length:]
-        logits = self.lm.forward(pending.to(self.device))
+        logits = self.lm.forward(pending.to(self.device), logits_to_keep=1)
         self.calls += 1
         self.committed_length = committed.shape[0]
         return logits[-1]

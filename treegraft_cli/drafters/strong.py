@@ -66,13 +66,14 @@ class TreeDrafter(ModelDrafter):
         positions = torch.cat(
             [torch.arange(self.committed_length, length, device=self.device), length - 1 + tree.depths[nodes]]
         )
-        logits = self.lm.forward(torch.cat([pending, tree.tokens[nodes]]), positions, visible)
+        kept = m + (1 if p else 0)  # the root's row (last pending) and the nodes': never the prompt's
+        logits = self.lm.forward(torch.cat([pending, tree.tokens[nodes]]), positions, visible, logits_to_keep=kept)
         self.calls += 1
         self.committed_length = length
         logp = torch.log_softmax(logits.float(), dim=-1)
         if p:
-            self.root_logp, self.root_length = logp[p - 1], length
-            self.logp = logp[p - 1 : p]
+            self.root_logp, self.root_length = logp[0], length
+            self.logp = logp[:1]
         rows[0] = 0
         rows[nodes] = torch.arange(self.logp.shape[0], self.logp.shape[0] + m, device=rows.device)
-        self.logp = torch.cat([self.logp, logp[p:]])
+        self.logp = torch.cat([self.logp, logp[kept - m :]])

@@ -31,6 +31,7 @@ class HeadTimingLM(CausalLM):
         input_ids: torch.Tensor,  # [n]
         position_ids: torch.Tensor | None = None,  # [n]; default: continue after the cache
         visible: torch.Tensor | None = None,  # [n, cache_length + n] bool; default: causal
+        logits_to_keep: int = 0,  # the head returns every row; kept for CausalLM's signature
     ) -> torch.Tensor:
         n, start = input_ids.shape[0], self.cache_length
         if position_ids is None:
@@ -51,7 +52,7 @@ def timing_lm(model: nn.Module) -> CausalLM:
 def forward_ms(model: nn.Module, context: torch.Tensor, tokens: int, repeats: int = 3) -> float:
     """Median milliseconds of one ``tokens``-wide masked forward after ``context`` ([c] token ids)."""
     lm = timing_lm(model)
-    lm.forward(context.to(lm.device))
+    lm.forward(context.to(lm.device), logits_to_keep=1)
     base = lm.cache_length
     inputs = context[-1:].to(lm.device).repeat(tokens)
     positions = torch.arange(base, base + tokens, device=lm.device)

@@ -88,7 +88,7 @@ def forward_curve(
     rows = []
     for context in settings.contexts:
         lm.reset()
-        lm.forward(torch.randint(0, vocab, (context,), generator=generator).to(lm.device))
+        lm.forward(torch.randint(0, vocab, (context,), generator=generator).to(lm.device), logits_to_keep=1)
         row = []
         for tokens in settings.tree_tokens:
             progress(f"{label}: {tokens} tokens after {context}", done, total)
