@@ -81,7 +81,11 @@ class WeakPreview:
         cumulative = tree.scores[self.parents].cpu()[:, None] + self.logp.cumsum(dim=1)
         return cumulative[torch.isfinite(cumulative)]
 
-    def reach(self, parent_reach: torch.Tensor, rate) -> torch.Tensor:  # parent_reach: [num_nodes] -> [chain tokens]
+    def reach(
+        self,
+        parent_reach: torch.Tensor,  # [num_nodes] calibrated reach of the tree's nodes
+        rate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],  # (origins [m], local probs [m]) -> [m]
+    ) -> torch.Tensor:  # -> [chain tokens]
         """Calibrated reach of every chain token: the parent's times the measured n-gram rates along the chain."""
         valid = torch.isfinite(self.logp)
         origins = torch.full((int(valid.sum()),), ORIGIN_NGRAM, dtype=torch.long)
