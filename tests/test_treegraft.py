@@ -304,12 +304,14 @@ def test_chain_tokens_are_scored_where_the_ngram_matched(tiny_self_pair):
     growth = Growth.start(7, torch.device("cpu"))
     proposal = method.loop.propose_weak(growth, 1)
     # "5 6 7" matched ending at position 2: the chain 8 9 5 6 7 follows; token j came after position 2 + j
-    assert [c.tokens[:4] for _, c in proposal.chains] == [(8, 9, 5, 6)]
+    assert proposal.tokens[:, :4].tolist() == [[8, 9, 5, 6]]
     logp = torch.log_softmax(logits, dim=-1)
     top = torch.topk(logp, TreeGraftConfig().top_w, dim=-1)
     wanted = [logp[2 + j, t] if t in top.indices[2 + j] else top.values[2 + j, -1] - 5.0 for j, t in enumerate((8, 9, 5, 6))]
-    assert torch.allclose(proposal.logp[0, :4], torch.stack(wanted), atol=1e-5)
-    assert torch.allclose(proposal.preview(growth.tree.device).scores(growth.tree)[:4], torch.stack(wanted).cumsum(0), atol=1e-5)
+    assert torch.allclose(proposal.preview.logp[0, :4], torch.stack(wanted), atol=1e-5)
+    # with rates equal to the log-probs' own probabilities, reach is the chain's cumulative probability
+    reach = proposal.preview.reach(torch.ones(growth.tree.num_nodes), lambda origins, local: local)
+    assert torch.allclose(reach[:4], torch.stack(wanted).cumsum(0).exp(), atol=1e-5)
     method.loop.weak_layer(growth, 1, proposal)
     assert torch.allclose(growth.tree.scores[1:5], torch.stack(wanted).cumsum(0), atol=1e-5)
 

@@ -62,15 +62,15 @@ class Growth:
 
 @dataclass(frozen=True)
 class WeakProposal:
-    """What a skip would add: chains under frontier parents, and each chain token's target log-prob."""
+    """What a skip would add: the chains as tensors (``preview``, what a policy sees) and their tokens."""
 
-    chains: list[tuple[int, Continuation]]
+    preview: WeakPreview  # parents [c] on the tree's device, per-token target log-probs [c, width]
+    tokens: torch.Tensor  # [c, width] chain tokens on the tree's device, 0-padded
     full: list[int]  # parents that found all K continuations (their chain heads form the next frontier)
-    logp: torch.Tensor  # [c, width] per chain token; -inf pads chains shorter than the longest
 
-    def preview(self, device: torch.device) -> WeakPreview:
-        parents = torch.tensor([p for p, _ in self.chains], dtype=torch.long, device=device)
-        return WeakPreview(parents, self.logp if self.chains else torch.empty(0, 1))
+    @property
+    def empty(self) -> bool:
+        return self.preview.parents.numel() == 0
 
 
 @dataclass(frozen=True)
@@ -122,20 +122,20 @@ class LayerLoop:
         g = Growth.start(int(committed[-1]), device)
         records = []
         for layer in range(1, self.shape.depth + 1):
-            preview = self.propose_weak(g, layer) if policy.previews_weak and layer not in forced else None
-            state = self.state(g, layer, costs, prompt_length, preview)
+            proposal = self.propose_weak(g, layer) if policy.previews_weak and layer not in forced else None
+            state = self.state(g, layer, costs, prompt_length, proposal)
             wanted = forced[layer] if layer in forced else policy.decide(state)
             call = wanted and self.strong is not None and bool(state.candidates.any())
             if call:
                 self.strong_layer(g, layer, committed)
                 g.called.append(layer)
             else:
-                self.weak_layer(g, layer, preview)
+                self.weak_layer(g, layer, proposal)
             records.append(LayerRecord(layer, call, layer in forced, features(state) if record else None))
         return cut_to_budget(g.tree, self.shape.budget), records, g
 
     def state(
-        self, g: Growth, layer: int, costs: CostModel, prompt_length: int, preview: WeakProposal | None = None
+        self, g: Growth, layer: int, costs: CostModel, prompt_length: int, proposal: WeakProposal | None = None
     ) -> SchedulerState:
         window = graft_window(g.tree, layer, self.options.lookback, self.options.max_depth, g.expanded)
         return SchedulerState(
@@ -149,7 +149,7 @@ class LayerLoop:
             costs=costs,
             width=self.shape.top_k,
             budget=self.shape.budget,
-            weak=preview.preview(g.tree.device) if preview is not None else None,
+            weak=proposal.preview if proposal is not None else None,
         )
 
     # -- skip: the weak drafter ---------------------------------------------------------------------
@@ -163,12 +163,13 @@ class LayerLoop:
             return
         g.weak_done[parents] = True
         g.weak_expansions += 1
-        if not proposal.chains:
+        if proposal.empty:
             return
         tree = g.tree
-        heads, chain_parents = self.add_chains(tree, proposal)
+        heads = self.add_chains(tree, proposal)
         g.sync()
-        from_full = torch.isin(chain_parents, torch.tensor(proposal.full, dtype=torch.long, device=tree.device))
+        full = torch.tensor(proposal.full, dtype=torch.long, device=tree.device)
+        from_full = torch.isin(proposal.preview.parents, full)
         allowed = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
         allowed[heads[from_full]] = True
         g.frontier = top_nodes(tree.scores, allowed, self.shape.top_k)
@@ -191,39 +192,39 @@ class LayerLoop:
             chains.extend((parent, c) for c in found)
             if len(found) == k:
                 full.append(parent)
-        return WeakProposal(chains, full, self.chain_logp(chains))
+        tokens, logp = self.chain_logp(chains)
+        parents = torch.tensor([p for p, _ in chains], dtype=torch.long)
+        return WeakProposal(WeakPreview(parents.to(tree.device), logp), tokens.to(tree.device), full)
 
-    def chain_logp(self, chains: list[tuple[int, Continuation]]) -> torch.Tensor:  # -> [c, width]
-        """Per chain token, the target's log-prob of it at its matched context position (-inf as padding).
+    def chain_logp(self, chains: list[tuple[int, Continuation]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Chain tokens ``[c, width]`` (0-padded) and the target's log-prob of each at its matched position.
 
         Token j of a continuation after the match ending at p is context[p + 1 + j]; the target saw it
-        follow position p + j, and its log-prob there is how sure it was. A chain's cumulative score is
-        its parent's plus the running sum, so a long match the target found surprising ranks low.
+        follow position p + j, and its log-prob there is how sure it was (-inf pads). A chain's cumulative
+        score is its parent's plus the running sum, so a long match the target found surprising ranks low.
         """
         if not chains:
-            return torch.empty(0, 0)
+            return torch.empty(0, 1, dtype=torch.long), torch.empty(0, 1)
         lengths = torch.tensor([len(c.tokens) for _, c in chains])
         width = int(lengths.max())
         padded = torch.tensor([list(c.tokens) + [0] * (width - len(c.tokens)) for _, c in chains])
         positions = torch.tensor([c.position for _, c in chains])[:, None] + torch.arange(width)[None, :]
         logp = self.target_logp.score(positions.flatten(), padded.flatten()).view(len(chains), width)
-        return torch.where(torch.arange(width)[None, :] < lengths[:, None], logp, float("-inf"))
+        return padded, torch.where(torch.arange(width)[None, :] < lengths[:, None], logp, float("-inf"))
 
-    def add_chains(self, tree: DraftTree, proposal: WeakProposal) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_chains(self, tree: DraftTree, proposal: WeakProposal) -> torch.Tensor:  # -> [c] chain head nodes
         """Hang every chain under its parent, one batched ``add_children`` per chain level; return the heads."""
-        device, chains = tree.device, proposal.chains
-        parents = torch.tensor([p for p, _ in chains], dtype=torch.long, device=device)
-        logp = proposal.logp.to(device)  # [c, width]
-        padded = torch.tensor([list(c.tokens) + [0] * (logp.shape[1] - len(c.tokens)) for _, c in chains], device=device)
-        current, heads = parents.clone(), parents
+        logp = proposal.preview.logp.to(tree.device)  # [c, width]
+        current = proposal.preview.parents.clone()
+        heads = current
         for level in range(logp.shape[1]):
             active = torch.isfinite(logp[:, level])
             scores = tree.scores[current[active]] + logp[active, level]
-            nodes = tree.add_children(current[active], padded[active, level], scores, ORIGIN_NGRAM)
+            nodes = tree.add_children(current[active], proposal.tokens[active, level], scores, ORIGIN_NGRAM)
             current[active] = nodes
             if level == 0:
                 heads = nodes
-        return heads, parents
+        return heads
 
     # -- call: the strong drafter -------------------------------------------------------------------
 

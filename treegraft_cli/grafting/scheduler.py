@@ -77,10 +77,6 @@ class WeakPreview:
     parents: torch.Tensor  # [c] node each chain hangs under
     logp: torch.Tensor  # [c, width] float32 log-prob of each chain token where the n-gram matched; -inf pads
 
-    def scores(self, tree: DraftTree) -> torch.Tensor:  # -> [chain tokens] cumulative, parents' scores included
-        cumulative = tree.scores[self.parents].cpu()[:, None] + self.logp.cumsum(dim=1)
-        return cumulative[torch.isfinite(cumulative)]
-
     def reach(
         self,
         parent_reach: torch.Tensor,  # [num_nodes] calibrated reach of the tree's nodes
@@ -252,19 +248,20 @@ class CostAwareRule(CallPolicy):
         costs = state.costs
         if costs.strong_ms <= 0:
             return True
-        skip, call = self.expected_tokens(state)
+        positions = state.reselection().cpu()
+        skip, call = self.expected_tokens(state, positions)
         tree, calls = state.tree, len(state.called)
         added = int(torch.isfinite(state.weak.logp).sum()) if state.weak is not None else 0
-        grafted = state.width * int(state.reselection().numel())
+        grafted = state.width * int(positions.numel())
         skip_ms = costs.verify_at(tree.size + added, state.budget) + calls * costs.strong_ms
         call_ms = costs.verify_at(tree.size + grafted, state.budget) + (calls + 1) * costs.strong_ms
         return call * skip_ms > skip * call_ms
 
-    def expected_tokens(self, state: SchedulerState) -> tuple[float, float]:
-        """(E_skip, E_call): expected accepted tokens of the cut tree after a skip and after a call."""
+    def expected_tokens(self, state: SchedulerState, positions: torch.Tensor) -> tuple[float, float]:
+        """(E_skip, E_call): expected accepted tokens of the cut tree after a skip, and after a call that
+        grafts under ``positions`` ([p] node indices, the reselection)."""
         tree, h = state.tree, self.hit_rate
         reach = self.calibration.reach(tree)
-        positions = state.reselection().cpu()
         parents = tree.parents[1:].cpu()
         shares = reach[1:] / reach[parents].clamp(min=1e-12)
         covered = torch.zeros(tree.num_nodes).index_add_(0, parents, shares).clamp(max=1.0)
