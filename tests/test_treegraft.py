@@ -27,13 +27,14 @@ from treegraft_cli.grafting.scheduler import (
     features,
     make_policy,
 )
+from treegraft_cli.grafting.step_rule import StepRule
 from treegraft_cli.grafting.tree_ops import cut_to_budget, graft_window
 from treegraft_cli.lm import CausalLM
 from treegraft_cli.methods import Models, Prefill, create_method
 from treegraft_cli.tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree
 
 SMALL_TREE = TreeConfig(budget=20, depth=4, top_k=4)
-POLICIES = ["ngram", "all-small", "all-mid", "fixed:1,3", "treegraft"]
+POLICIES = ["ngram", "all-small", "all-mid", "fixed:1,3", "treegraft", "treegraft:step", "treegraft:step:2,3"]
 NEW_TOKENS = 24
 
 
@@ -146,7 +147,7 @@ def test_cut_keeps_ancestors_even_when_chain_scores_exceed_parents():
 # -- the strong drafter's cache -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", ["all-mid", "fixed:2,4", "treegraft"])
+@pytest.mark.parametrize("method", ["all-mid", "fixed:2,4", "treegraft", "treegraft:step"])
 def test_strong_cache_equals_recompute_after_every_step(tiny_self_pair, method):
     drafter_model = tiny_self_pair[0].model
     # costs that make the cost-aware rule call sometimes (tiny models cost about the same per forward)
@@ -290,6 +291,73 @@ def test_hit_rate_follows_how_often_strong_children_hold_the_next_token():
     assert rule.hit_rate == pytest.approx(0.75)  # node 1 has no strong children: not counted
     rule.observe(tree, torch.tensor([0]), torch.tensor([9]))  # a miss
     assert rule.hit_rate == pytest.approx(0.375)
+
+
+def root_state(layer=1, called=(), weak=None) -> SchedulerState:
+    """A step about to build ``layer`` of 4 on a CPU-like cost model: verify 240 ms (root) to 300 ms (N=16), call 90 ms."""
+    return SchedulerState(
+        tree=DraftTree.from_root(0),
+        frontier=torch.tensor([0]),
+        candidates=torch.tensor([True]),
+        layer=layer,
+        num_layers=4,
+        called=called,
+        prompt_length=9,
+        costs=CostModel(300.0, 90.0, verify_root_ms=240.0),
+        width=4,
+        budget=16,
+        weak=weak,
+    )
+
+
+def strong_chain(length: int) -> DraftTree:
+    """root → a chain of ``length`` strong nodes, tokens 1..length."""
+    tree = DraftTree.from_root(0)
+    for depth in range(length):
+        tree.add_children(torch.tensor([depth]), torch.tensor([depth + 1]), torch.tensor([-0.1 * (depth + 1)]), ORIGIN_MODEL)
+    return tree
+
+
+def observe_accepted(rule: StepRule, tree: DraftTree, accepted: int) -> None:
+    rule.observe(tree, torch.arange(accepted), torch.arange(1, accepted + 1))
+
+
+def test_step_rule_calls_at_the_strong_steps_layers_only():
+    rule = StepRule(call_budget=5, hit_rate=0.8)
+    assert rule.previews(1) and not rule.previews(2)
+    assert rule.decide(root_state())  # nothing measured yet: a strong step measures its worth
+    assert [rule.decide(root_state(layer, called=tuple(range(1, layer)))) for layer in (2, 3, 4)] == [True, True, False]
+    two_and_three = StepRule(call_budget=5, hit_rate=0.8, layers=(2, 3))
+    assert not two_and_three.decide(root_state()) and two_and_three.decide(root_state(2))
+
+
+def test_step_rule_prefers_a_confident_ngram_match_to_strong_calls():
+    rule = StepRule(call_budget=5, hit_rate=0.8)
+    for _ in range(3):  # strong steps of τ 5 at 255 + 3·90 ms: R ≈ 0.0095 tokens/ms
+        assert rule.decide(root_state())
+        observe_accepted(rule, strong_chain(4), 5)
+    assert rule.measured_tau == pytest.approx(5.0) and rule.rate == pytest.approx(5 / 525)
+    nothing = WeakPreview(torch.zeros(0, dtype=torch.long), torch.empty(0, 1))
+    assert rule.decide(root_state(weak=nothing))  # τ 5 − 1 > R · (525 + 45 − 240)
+    one_chain = WeakPreview(torch.tensor([0]), torch.full((1, 8), math.log(0.95)))  # worth 1 + 6.4 tokens
+    assert not rule.decide(root_state(weak=one_chain))
+    doubtful = WeakPreview(torch.tensor([0]), torch.full((1, 2), math.log(0.15)))
+    assert rule.decide(root_state(weak=doubtful))
+
+
+def test_step_rule_explores_after_a_run_of_weak_steps_and_tracks_strong_tau():
+    rule = StepRule(call_budget=5, hit_rate=0.8, explore=3, strong_decay=0.5)
+    confident = WeakPreview(torch.tensor([0]), torch.full((1, 8), math.log(0.95)))
+    rule.decide(root_state())
+    observe_accepted(rule, strong_chain(4), 3)
+    weak_tree = DraftTree.from_root(0)
+    weak_tree.add_children(torch.tensor([0]), torch.tensor([1]), torch.tensor([-0.05]), ORIGIN_NGRAM)
+    for _ in range(3):
+        assert not rule.decide(root_state(weak=confident))
+        observe_accepted(rule, weak_tree, 2)
+    assert rule.decide(root_state(weak=confident))  # the fourth in a row is strong: τ_strong is re-measured
+    observe_accepted(rule, strong_chain(4), 5)
+    assert rule.measured_tau == pytest.approx(0.5 * 3 + 0.5 * 5) and rule.weak_run == 0
 
 
 def test_chain_tokens_are_scored_where_the_ngram_matched(tiny_self_pair):

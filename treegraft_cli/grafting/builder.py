@@ -122,7 +122,7 @@ class LayerLoop:
         g = Growth.start(int(committed[-1]), device)
         records = []
         for layer in range(1, self.shape.depth + 1):
-            proposal = self.propose_weak(g, layer) if policy.previews_weak and layer not in forced else None
+            proposal = self.propose_weak(g, layer) if policy.previews(layer) and layer not in forced else None
             state = self.state(g, layer, costs, prompt_length, proposal)
             wanted = forced[layer] if layer in forced else policy.decide(state)
             call = wanted and self.strong is not None and bool(state.candidates.any())

@@ -25,7 +25,7 @@ class TreeGraftConfig:
     """Settings of the TreeGraft layer loop (tree shape K, D, N comes from ``TreeConfig``).
 
     policy: which call policy decides per layer ("" = the method's own): all-small | all-mid |
-    fixed:1,3 | cost-aware. layers: the called layers of ``fixed``. call_budget: strong calls per step
+    fixed:1,3 | cost-aware | step[:1,2,3]. layers: the called layers of ``fixed`` (and of ``step``'s strong steps). call_budget: strong calls per step
     at most. max_n: longest n-gram suffix matched (it shrinks by one per layer, down to 1). top_w /
     fallback_penalty: the target log-prob cache width and the penalty below its W-th entry. lookback:
     depths (counted back from the layer's parent depth) in which a strong call may reselect grafting

@@ -147,10 +147,15 @@ class CallPolicy(ABC):
     """Decides call/skip per layer; at most ``call_budget`` calls per step, none without a grafting position."""
 
     name = ""
-    previews_weak = False  # the layer loop looks up the weak chains before asking (SchedulerState.weak_scores)
+    previews_weak = False  # the layer loop looks up the weak chains before asking (SchedulerState.weak)
+    uses_costs = False  # reads SchedulerState.costs: the method measures them at warm-up when not given
 
     def __init__(self, call_budget: int):
         self.call_budget = call_budget
+
+    def previews(self, layer: int) -> bool:
+        """Whether the policy wants the weak preview before deciding ``layer``."""
+        return self.previews_weak
 
     def observe(self, tree: DraftTree, accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """A verified step: ``accepted`` ``[a]`` root and accepted nodes, ``next_tokens`` ``[a]`` the target's token after each."""
@@ -194,6 +199,7 @@ class MarginPolicy(CallPolicy):
     """Call iff ``margin_fn(features(state)) > 0``: the hook for a distilled scheduler."""
 
     name = "margin"
+    uses_costs = True  # a distilled scheduler sees them as features
 
     def __init__(self, call_budget: int, margin_fn: Callable[[torch.Tensor], float]):
         super().__init__(call_budget)
@@ -228,6 +234,7 @@ class CostAwareRule(CallPolicy):
 
     name = "cost-aware"
     previews_weak = True
+    uses_costs = True
 
     def __init__(self, call_budget: int, hit_rate: float, decay: float = 0.95):
         super().__init__(call_budget)
@@ -267,11 +274,12 @@ class CostAwareRule(CallPolicy):
         covered = torch.zeros(tree.num_nodes).index_add_(0, parents, shares).clamp(max=1.0)
         virtual = reach[positions] * h * (1.0 - covered[positions])
         weak = state.weak.reach(reach, self.calibration.rate) if state.weak is not None else reach[:0]
-        skip = _expected_tokens(torch.cat([reach[1:], weak]), state.budget)
-        return skip, _expected_tokens(torch.cat([reach[1:], virtual]), state.budget)
+        skip = expected_accepted(torch.cat([reach[1:], weak]), state.budget)
+        return skip, expected_accepted(torch.cat([reach[1:], virtual]), state.budget)
 
 
-def _expected_tokens(reach: torch.Tensor, budget: int) -> float:  # reach: [n] non-root
+def expected_accepted(reach: torch.Tensor, budget: int) -> float:  # reach: [n] non-root
+    """Expected accepted length of a tree cut to its ``budget`` best nodes: 1 + their summed reach."""
     best = torch.topk(reach, min(budget, reach.numel())).values if reach.numel() else reach
     return 1.0 + float(best.sum())
 
@@ -284,6 +292,12 @@ def _learned(argument: str, options: TreeGraftConfig) -> CallPolicy:
     if not path:
         raise ConfigError("call policy 'learned' needs a scheduler artifact", "pass -o scheduler=FILE (from treegraft distill)")
     return load_scheduler(path).policy(options.call_budget)
+
+
+def _step(argument: str, options: TreeGraftConfig) -> CallPolicy:
+    from .step_rule import StepRule  # here, not at the top: that module imports this one
+
+    return StepRule(options.call_budget, options.hit_rate, parse_layers(argument) if argument else options.layers)
 
 
 def _fixed(argument: str, options: TreeGraftConfig) -> CallPolicy:
@@ -300,12 +314,13 @@ POLICY_FACTORIES: Mapping[str, Callable[[str, TreeGraftConfig], CallPolicy]] = M
         FixedLayers.name: _fixed,
         CostAwareRule.name: lambda argument, options: CostAwareRule(options.call_budget, options.hit_rate),
         LEARNED: _learned,
+        "step": _step,
     }
 )
 
 
 def make_policy(spec: str, options: TreeGraftConfig) -> CallPolicy:
-    """A policy from its spec: ``all-small``, ``all-mid``, ``fixed`` / ``fixed:1,3``, ``cost-aware``, ``learned[:FILE]``."""
+    """A policy from its spec: ``all-small``, ``all-mid``, ``fixed`` / ``fixed:1,3``, ``cost-aware``, ``step`` / ``step:1,2,3``, ``learned[:FILE]``."""
     name, _, argument = spec.partition(":")
     factory = POLICY_FACTORIES.get(name)
     if factory is None:

@@ -18,7 +18,7 @@ from ..drafters.ngram import NgramIndex, TargetLogProbCache
 from ..grafting.builder import LayerLoop, LayerRecord
 from ..grafting.config import TreeGraftConfig
 from ..grafting.costs import measure_costs
-from ..grafting.scheduler import LEARNED, CallPolicy, CostAwareRule, CostModel, MarginPolicy, make_policy
+from ..grafting.scheduler import LEARNED, CallPolicy, CostAwareRule, CostModel, make_policy
 from ..tree import ORIGIN_NGRAM, ORIGIN_ROOT, DraftTree
 from .base import Method, Models, Observation, Prefill, register
 
@@ -58,6 +58,11 @@ class TreeGraftMethod(Method):
         self.last_records: list[LayerRecord] = []
         self.weak_expansions = 0
 
+    @classmethod
+    def options_from_argument(cls, argument: str) -> dict[str, Any]:
+        """``treegraft:step`` / ``treegraft:cost-aware``: the method with another call policy."""
+        return {"policy": argument}
+
     def _strong_drafter(self, models: Models) -> StrongDrafter | None:
         return make_strong_drafter(models.drafter, models.target) if models.drafter is not None else None
 
@@ -70,9 +75,7 @@ class TreeGraftMethod(Method):
 
     @property
     def needs_costs(self) -> bool:
-        # both read the costs: the rule directly, a distilled scheduler through its cost features
-        aware = isinstance(self.policy, (CostAwareRule, MarginPolicy))
-        return aware and (self.costs.verify_ms <= 0 or self.costs.strong_ms <= 0)
+        return self.policy.uses_costs and (self.costs.verify_ms <= 0 or self.costs.strong_ms <= 0)
 
     def start(self, prefill: Prefill) -> None:
         self.prompt_length = int(prefill.prompt_ids.numel())
@@ -136,6 +139,7 @@ class AllSmallMethod(TreeGraftMethod):
     needs_drafter = False
     description = "TreeGraft layer loop with the weak n-gram drafter only"
     default_policy = "all-small"
+    options_from_argument = Method.options_from_argument
 
 
 @register
@@ -143,6 +147,7 @@ class AllMidMethod(TreeGraftMethod):
     name = "all-mid"
     description = "TreeGraft layer loop calling the strong drafter at every layer"
     default_policy = "all-mid"
+    options_from_argument = Method.options_from_argument
 
 
 @register
