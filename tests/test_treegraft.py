@@ -27,7 +27,7 @@ from treegraft_cli.grafting.scheduler import (
     features,
     make_policy,
 )
-from treegraft_cli.grafting.step_rule import StepRule
+from treegraft_cli.grafting.step_rule import StepRule, chain_match
 from treegraft_cli.grafting.tree_ops import cut_to_budget, graft_window
 from treegraft_cli.lm import CausalLM
 from treegraft_cli.methods import Models, Prefill, create_method
@@ -318,8 +318,22 @@ def strong_chain(length: int) -> DraftTree:
     return tree
 
 
-def observe_accepted(rule: StepRule, tree: DraftTree, accepted: int) -> None:
+class FakeClock:
+    """Seconds that move only when told: the rule's measured step times, made deterministic."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run_step(rule: StepRule, clock: FakeClock, tree: DraftTree, accepted: int, ms: float, weak=None) -> bool:
+    """Decide at layer 1, let ``ms`` pass, observe ``accepted`` tokens (1..accepted) verified on ``tree``."""
+    strong = rule.decide(root_state(weak=weak))
+    clock.now += ms / 1000.0
     rule.observe(tree, torch.arange(accepted), torch.arange(1, accepted + 1))
+    return strong
 
 
 def test_step_rule_calls_at_the_strong_steps_layers_only():
@@ -332,31 +346,53 @@ def test_step_rule_calls_at_the_strong_steps_layers_only():
 
 
 def test_step_rule_prefers_a_confident_ngram_match_to_strong_calls():
-    rule = StepRule(call_budget=5, hit_rate=0.8)
-    for _ in range(3):  # strong steps of τ 5 at 255 + 3·90 ms: R ≈ 0.0095 tokens/ms
-        assert rule.decide(root_state())
-        observe_accepted(rule, strong_chain(4), 5)
-    assert rule.measured_tau == pytest.approx(5.0) and rule.rate == pytest.approx(5 / 525)
+    clock = FakeClock()
+    rule = StepRule(call_budget=5, hit_rate=0.8, clock=clock)
+    for _ in range(3):  # strong steps of τ 5 in 600 ms: R = 5/600 tokens per ms
+        assert run_step(rule, clock, strong_chain(4), 5, 600.0)
+    assert rule.measured_tau == pytest.approx(5.0) and rule.rate == pytest.approx(5 / 600)
+    assert rule.measured_ms(True, 0.0) == pytest.approx(600.0) and rule.measured_ms(False, 240.0) == 240.0
     nothing = WeakPreview(torch.zeros(0, dtype=torch.long), torch.empty(0, 1))
-    assert rule.decide(root_state(weak=nothing))  # τ 5 − 1 > R · (525 + 45 − 240)
-    one_chain = WeakPreview(torch.tensor([0]), torch.full((1, 8), math.log(0.95)))  # worth 1 + 6.4 tokens
+    assert rule.decide(root_state(weak=nothing))  # τ 5 − 1 > R · (600 − 240): 4 > 3
+    one_chain = WeakPreview(torch.tensor([0]), torch.full((1, 8), math.log(0.95)))  # e = 1 + 6.4
     assert not rule.decide(root_state(weak=one_chain))
-    doubtful = WeakPreview(torch.tensor([0]), torch.full((1, 2), math.log(0.15)))
+    doubtful = WeakPreview(torch.tensor([0]), torch.full((1, 2), math.log(0.15)))  # e = 1.17
     assert rule.decide(root_state(weak=doubtful))
 
 
+def test_step_rule_learns_what_a_doubtful_looking_ngram_match_is_worth():
+    """Copying: chains the target once found unlikely are accepted whole; measured, they win over calls."""
+    clock = FakeClock()
+    rule = StepRule(call_budget=5, hit_rate=0.8, explore=100, clock=clock)
+    doubtful = WeakPreview(torch.tensor([0]), torch.full((1, 3), math.log(0.15)), torch.tensor([[1, 2, 3]]))
+    assert run_step(rule, clock, strong_chain(4), 5, 600.0, weak=doubtful)  # e = 1.17: call
+    # the strong step committed 1 2 3 4 5: the chain 1 2 3 would have reached 4, not 1.17
+    assert rule.weak_outcomes.expected(rule.estimate) == pytest.approx((4 + rule.estimate) / 2)
+    assert not rule.decide(root_state(weak=doubtful))  # 5 − 2.6 < R · (600 − 247) = 2.9
+
+
+def test_chain_match_counts_the_longest_common_prefix_with_the_committed_tokens():
+    tokens = torch.tensor([[5, 6, 7], [5, 9, 0], [8, 0, 0]])
+    logp = torch.tensor([[-1.0, -1.0, -1.0], [-1.0, -1.0, float("-inf")], [-1.0, float("-inf"), float("-inf")]])
+    preview = WeakPreview(torch.tensor([0, 0, 0]), logp, tokens)
+    assert chain_match(preview, torch.tensor([5, 6, 8])) == 3
+    assert chain_match(preview, torch.tensor([5, 6])) == 3  # a lower bound: the chain matched all it could
+    assert chain_match(preview, torch.tensor([7])) == 1
+    assert chain_match(WeakPreview(torch.tensor([2]), logp[:1], tokens[:1]), torch.tensor([5])) == 1  # not a root chain
+
+
 def test_step_rule_explores_after_a_run_of_weak_steps_and_tracks_strong_tau():
-    rule = StepRule(call_budget=5, hit_rate=0.8, explore=3, strong_decay=0.5)
+    clock = FakeClock()
+    rule = StepRule(call_budget=5, hit_rate=0.8, explore=3, strong_decay=0.5, clock=clock)
     confident = WeakPreview(torch.tensor([0]), torch.full((1, 8), math.log(0.95)))
-    rule.decide(root_state())
-    observe_accepted(rule, strong_chain(4), 3)
+    run_step(rule, clock, strong_chain(4), 3, 600.0)
     weak_tree = DraftTree.from_root(0)
     weak_tree.add_children(torch.tensor([0]), torch.tensor([1]), torch.tensor([-0.05]), ORIGIN_NGRAM)
     for _ in range(3):
-        assert not rule.decide(root_state(weak=confident))
-        observe_accepted(rule, weak_tree, 2)
+        assert not run_step(rule, clock, weak_tree, 2, 300.0, weak=confident)
+    assert rule.measured_ms(False, 0.0) == pytest.approx(300.0)
     assert rule.decide(root_state(weak=confident))  # the fourth in a row is strong: τ_strong is re-measured
-    observe_accepted(rule, strong_chain(4), 5)
+    rule.observe(strong_chain(4), torch.arange(5), torch.arange(1, 6))
     assert rule.measured_tau == pytest.approx(0.5 * 3 + 0.5 * 5) and rule.weak_run == 0
 
 

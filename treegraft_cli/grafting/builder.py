@@ -62,11 +62,14 @@ class Growth:
 
 @dataclass(frozen=True)
 class WeakProposal:
-    """What a skip would add: the chains as tensors (``preview``, what a policy sees) and their tokens."""
+    """What a skip would add: the chains as tensors (``preview``, what a policy sees)."""
 
-    preview: WeakPreview  # parents [c] on the tree's device, per-token target log-probs [c, width]
-    tokens: torch.Tensor  # [c, width] chain tokens on the tree's device, 0-padded
+    preview: WeakPreview  # parents [c], per-token target log-probs and tokens [c, width], on the tree's device
     full: list[int]  # parents that found all K continuations (their chain heads form the next frontier)
+
+    @property
+    def tokens(self) -> torch.Tensor:  # [c, width] 0-padded
+        return self.preview.tokens
 
     @property
     def empty(self) -> bool:
@@ -194,7 +197,7 @@ class LayerLoop:
                 full.append(parent)
         tokens, logp = self.chain_logp(chains)
         parents = torch.tensor([p for p, _ in chains], dtype=torch.long)
-        return WeakProposal(WeakPreview(parents.to(tree.device), logp), tokens.to(tree.device), full)
+        return WeakProposal(WeakPreview(parents.to(tree.device), logp, tokens.to(tree.device)), full)
 
     def chain_logp(self, chains: list[tuple[int, Continuation]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Chain tokens ``[c, width]`` (0-padded) and the target's log-prob of each at its matched position.

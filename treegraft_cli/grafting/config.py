@@ -24,17 +24,22 @@ def parse_layers(value) -> tuple[int, ...]:
 class TreeGraftConfig:
     """Settings of the TreeGraft layer loop (tree shape K, D, N comes from ``TreeConfig``).
 
-    policy: which call policy decides per layer ("" = the method's own): all-small | all-mid |
-    fixed:1,3 | cost-aware | step[:1,2,3]. layers: the called layers of ``fixed`` (and of ``step``'s strong steps). call_budget: strong calls per step
-    at most. max_n: longest n-gram suffix matched (it shrinks by one per layer, down to 1). top_w /
-    fallback_penalty: the target log-prob cache width and the penalty below its W-th entry. lookback:
-    depths (counted back from the layer's parent depth) in which a strong call may reselect grafting
-    positions. max_depth: no node deeper (n-gram chains run ahead of the layer loop). pool: unforwarded
-    leaves the strong call forwards as grafting candidates (0: 2·K). hit_rate: the cost-aware rule's prior
-    on the share of a position's probability mass the strong drafter's top-K children capture.
-    verify_ms / strong_ms: measured costs (0: measure at warm-up when the policy needs them).
-    chain_length: tokens per chain of the ``ngram`` baseline. scheduler: a distilled scheduler artifact
-    (``treegraft distill``); with no ``policy`` given, ``treegraft`` then decides with it (policy ``learned``).
+    - policy: the call policy ("" = the method's own): all-small | all-mid | fixed:1,3 | cost-aware |
+      step[:1,2,3] | learned[:FILE].
+    - layers: the called layers of ``fixed``, and of ``step``'s strong steps (default 1..D−1).
+    - call_budget: strong calls per step at most.
+    - max_n: longest n-gram suffix matched (it shrinks by one per layer, down to 1).
+    - top_w / fallback_penalty: the target log-prob cache width and the penalty below its W-th entry.
+    - lookback: depths (counted back from the layer's parent depth) in which a strong call may
+      reselect grafting positions.
+    - max_depth: no node deeper (n-gram chains run ahead of the layer loop).
+    - pool: unforwarded leaves the strong call forwards as grafting candidates (0: 2·K).
+    - hit_rate: the rules' prior on the share of a position's probability mass the strong drafter's
+      top-K children capture.
+    - verify_ms / strong_ms: measured costs (0: measure at warm-up when the policy needs them).
+    - chain_length: tokens per chain of the ``ngram`` baseline.
+    - scheduler: a distilled scheduler artifact (``treegraft distill``); with no ``policy`` given,
+      ``treegraft`` then decides with it (policy ``learned``).
     """
 
     policy: str = ""

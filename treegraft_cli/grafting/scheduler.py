@@ -76,6 +76,7 @@ class WeakPreview:
 
     parents: torch.Tensor  # [c] node each chain hangs under
     logp: torch.Tensor  # [c, width] float32 log-prob of each chain token where the n-gram matched; -inf pads
+    tokens: torch.Tensor | None = None  # [c, width] the chain tokens, 0-padded
 
     def reach(
         self,

@@ -1,4 +1,4 @@
-"""StepRule: TreeGraft's call rule that decides once per step, from measured costs and measured gains.
+"""StepRule: TreeGraft's call rule that decides once per step, from measured gains and measured times.
 
 A per-layer rule weighs one call against one skip, but a strong call pays off through the calls and
 weak expansions after it (a strong child gives the n-gram index a fresh suffix, the next call reaches
@@ -7,33 +7,80 @@ one level deeper). ``StepRule`` therefore chooses between two whole steps at lay
 - a *weak step*: every layer skips (the n-gram chains alone);
 - a *strong step*: the strong drafter is called at ``layers`` (default 1..D−1), the other layers skip.
 
-Decoding maximises accepted tokens per millisecond. With R the rate achieved so far, an action a of
-the current step is worth τ_a − R·T_a (its tokens minus what its time would have earned at the
-running rate; maximising this per step drives R to its best fixed point, as in Dinkelbach's method
-for ratio objectives). So the step is strong iff
+Decoding maximises accepted tokens per second. With R the rate achieved so far, an action a of the
+current step is worth τ_a − R·T_a (its tokens minus what its time would have earned at the running
+rate; choosing the larger per step drives R to its best fixed point, as in Dinkelbach's method for
+ratio objectives). So the step is strong iff
 
     τ_strong − τ_weak  >  R · (T_strong − T_weak)
 
-- τ_weak: 1 + Σ calibrated reach (``AcceptanceCalibration``) of the weak chains previewed at layer 1,
-  the best N of them: what this step's n-gram match is worth.
-- τ_strong: an exponential moving average of the accepted length of the strong steps verified so far
-  (``strong_decay`` per strong step; the prior is 1 + |layers| · ``hit_rate``).
-- T: modelled verification of the tree (``CostModel.verify_at``) plus |layers| strong calls for a
-  strong step.
-- R: tokens over modelled ms of the verified steps, both exponentially weighted (``rate_decay``).
+- τ_weak: what this step's n-gram match is worth. The weak chains previewed at layer 1 give an
+  estimate e = 1 + Σ calibrated reach of their best N tokens (``AcceptanceCalibration``). Chain
+  scores are the target's log-probs where the n-gram matched, which misjudge copying (a summary
+  repeats its article with a confidence the article's first reading never had), so e is mapped
+  through ``WeakOutcomes``: the measured accepted length of weak steps with a similar e. A strong step
+  measures it too: the previewed chains are matched against the tokens the step committed.
+- τ_strong: an exponential moving average of the accepted length of the strong steps (``strong_decay``
+  per strong step; the prior is 1 + |layers| · ``hit_rate``).
+- T: each kind's measured wall time from decision to verified step, an exponential moving average
+  (``rate_decay``); until measured, the cost model's (verification of the tree + the calls).
+- R: accepted tokens over wall time of the recent steps, both exponentially weighted.
 
-All of it is measured on this device and this generation: a code prompt where the strong drafter is
-right for long stretches gets strong steps, a summary that copies its article gets weak ones. So that
-τ_strong keeps tracking the text, a strong step is forced after ``explore`` weak steps in a row.
+Measuring on this device and this text adapts the rule to both: the strong drafter runs where it is
+right for long stretches (code), the n-gram chains where the text copies its context (summaries,
+long-context QA), and a long context that slows verification shows in T. So that τ_strong keeps
+tracking the text, a strong step is forced after ``explore`` weak steps in a row.
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 import torch
 
 from ..tree import ORIGIN_MODEL, DraftTree
 from .calibration import AcceptanceCalibration
-from .scheduler import CallPolicy, CostModel, SchedulerState, expected_accepted
+from .scheduler import CallPolicy, SchedulerState, WeakPreview, expected_accepted
+
+
+class WeakOutcomes:
+    """Measured accepted length of weak steps, by bin of their previewed estimate e.
+
+    Each bin holds an exponentially forgetting mean (``decay`` per observation in the bin) with a prior
+    of one pseudo-observation at e itself, so an unseen bin reads as the estimate says.
+    """
+
+    EDGES = (1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0)
+
+    def __init__(self, decay: float = 0.9):
+        self.decay = decay
+        self.total = torch.zeros(len(self.EDGES) + 1, dtype=torch.float64)
+        self.weight = torch.zeros(len(self.EDGES) + 1, dtype=torch.float64)
+
+    def _bin(self, estimate: float) -> int:
+        return int(torch.bucketize(torch.tensor(estimate), torch.tensor(self.EDGES)))
+
+    def observe(self, estimate: float, accepted: float) -> None:
+        b = self._bin(estimate)
+        self.total[b] = self.decay * self.total[b] + accepted
+        self.weight[b] = self.decay * self.weight[b] + 1.0
+
+    def expected(self, estimate: float) -> float:
+        b = self._bin(estimate)
+        return float((self.total[b] + estimate) / (self.weight[b] + 1.0))
+
+
+def chain_match(preview: WeakPreview, committed: torch.Tensor) -> int:
+    """Accepted length the previewed root chains would have reached: 1 + their longest common prefix
+    with ``committed`` ([τ] the tokens the step committed; a lower bound when a chain matches them all)."""
+    if preview.tokens is None or preview.parents.numel() == 0:
+        return 1
+    chains = preview.tokens[preview.parents == 0].cpu()  # [c, width]
+    logp = preview.logp[preview.parents.cpu() == 0]
+    width = min(chains.shape[1], committed.numel())
+    same = (chains[:, :width] == committed[None, :width].cpu()) & torch.isfinite(logp[:, :width])
+    return 1 + int(same.int().cumprod(dim=1).sum(dim=1).max()) if chains.numel() else 1
 
 
 class StepRule(CallPolicy):
@@ -44,24 +91,32 @@ class StepRule(CallPolicy):
         self,
         call_budget: int,
         hit_rate: float,
-        layers: tuple[int, ...] = (),  # strong step's called layers; () = 1..D−1
+        layers: tuple[int, ...] = (),  # a strong step's called layers; () = 1..D−1
         explore: int = 8,
         strong_decay: float = 0.8,
         rate_decay: float = 0.95,
+        clock: Callable[[], float] = time.perf_counter,  # seconds
     ):
         super().__init__(call_budget)
         self.layers = layers
+        self.hit_rate = hit_rate
         self.explore = explore
         self.strong_decay = strong_decay
         self.rate_decay = rate_decay
-        self.hit_rate = hit_rate
+        self.clock = clock
         self.calibration = AcceptanceCalibration()
+        self.weak_outcomes = WeakOutcomes()
         self.measured_tau: float | None = None  # τ_strong once a strong step was verified
-        self.tokens = 0.0  # exponentially weighted accepted length of verified steps
-        self.ms = 0.0  # and their modelled time
+        self.step_ms = {False: 0.0, True: 0.0}  # weak / strong: exponentially weighted wall ms per step
+        self.step_weight = {False: 0.0, True: 0.0}
+        self.tokens = 0.0  # exponentially weighted accepted length of the verified steps
+        self.ms = 0.0  # and their wall time
         self.weak_run = 0  # weak steps in a row
-        self.strong_step = False  # this step's choice, made at layer 1
-        self.costs, self.budget, self.num_layers = CostModel(0.0, 0.0), 0, 0  # the last decision's
+        # this step's decision: the choice, its start, the preview and its estimate e
+        self.strong_step = False
+        self.started = 0.0
+        self.preview: WeakPreview | None = None
+        self.estimate = 1.0
 
     def previews(self, layer: int) -> bool:
         return layer == 1
@@ -72,7 +127,27 @@ class StepRule(CallPolicy):
     def wants_call(self, state: SchedulerState) -> bool:
         if state.layer == 1:
             self.strong_step = self.choose_strong(state)
+            self.started = self.clock()
         return self.strong_step and state.layer in self.called_layers(state.num_layers)
+
+    def choose_strong(self, state: SchedulerState) -> bool:
+        self.preview = state.weak
+        self.estimate, weak_nodes = self.weak_estimate(state)
+        if self.weak_run >= self.explore or self.ms <= 0:
+            return True
+        costs, calls = state.costs, len(self.called_layers(state.num_layers))
+        weak_ms = self.measured_ms(False, costs.verify_at(weak_nodes, state.budget))
+        strong_ms = self.measured_ms(True, costs.verify_at(state.budget, state.budget) + calls * costs.strong_ms)
+        gain = self.strong_tau(state.num_layers) - self.weak_outcomes.expected(self.estimate)
+        return gain > self.rate * (strong_ms - weak_ms)
+
+    def weak_estimate(self, state: SchedulerState) -> tuple[float, int]:
+        """(e, nodes): the previewed chains' calibrated expected accepted length and the nodes they add."""
+        if state.weak is None:
+            return 1.0, 0
+        reach = self.calibration.reach(state.tree)
+        weak = state.weak.reach(reach, self.calibration.rate)
+        return expected_accepted(torch.cat([reach[1:], weak]), state.budget), min(weak.numel(), state.budget)
 
     def strong_tau(self, num_layers: int) -> float:
         """τ_strong: measured, or the prior before the first strong step."""
@@ -80,40 +155,31 @@ class StepRule(CallPolicy):
             return self.measured_tau
         return 1.0 + len(self.called_layers(num_layers)) * self.hit_rate
 
-    def choose_strong(self, state: SchedulerState) -> bool:
-        costs, layers = state.costs, self.called_layers(state.num_layers)
-        self.costs, self.budget, self.num_layers = costs, state.budget, state.num_layers
-        if self.weak_run >= self.explore or self.ms <= 0 or costs.strong_ms <= 0:
-            return True
-        weak_tau, weak_nodes = self.weak_value(state)
-        weak_ms = costs.verify_at(weak_nodes, state.budget)
-        strong_ms = costs.verify_at(state.budget, state.budget) + len(layers) * costs.strong_ms
-        return self.strong_tau(state.num_layers) - weak_tau > self.rate * (strong_ms - weak_ms)
-
-    def weak_value(self, state: SchedulerState) -> tuple[float, int]:
-        """(τ_weak, nodes): the previewed chains' expected accepted length and how many nodes they add."""
-        if state.weak is None:
-            return 1.0, 0
-        reach = self.calibration.reach(state.tree)
-        weak = state.weak.reach(reach, self.calibration.rate)
-        return expected_accepted(torch.cat([reach[1:], weak]), state.budget), min(weak.numel(), state.budget)
+    def measured_ms(self, strong: bool, modelled: float) -> float:
+        """T of a weak or strong step: measured, else ``modelled``."""
+        weight = self.step_weight[strong]
+        return self.step_ms[strong] / weight if weight > 0 else modelled
 
     @property
     def rate(self) -> float:
-        """R: accepted tokens per modelled ms over the recent verified steps."""
+        """R: accepted tokens per wall ms over the recent verified steps."""
         return self.tokens / self.ms if self.ms > 0 else 0.0
 
     def observe(self, tree: DraftTree, accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
         self.calibration.observe(tree, accepted)
+        ms = (self.clock() - self.started) * 1000.0
         tau = float(accepted.numel())  # the root stands for the bonus token
         strong = bool((tree.origins == ORIGIN_MODEL).any())
-        calls = len(self.called_layers(self.num_layers)) if strong else 0
-        ms = self.costs.verify_at(tree.size, self.budget) + calls * self.costs.strong_ms
         self.tokens = self.rate_decay * self.tokens + tau
         self.ms = self.rate_decay * self.ms + ms
+        self.step_ms[strong] = self.rate_decay * self.step_ms[strong] + ms
+        self.step_weight[strong] = self.rate_decay * self.step_weight[strong] + 1.0
         if strong:
             last = self.measured_tau
             self.measured_tau = tau if last is None else self.strong_decay * last + (1 - self.strong_decay) * tau
             self.weak_run = 0
+            if self.preview is not None:
+                self.weak_outcomes.observe(self.estimate, chain_match(self.preview, next_tokens))
         else:
             self.weak_run += 1
+            self.weak_outcomes.observe(self.estimate, tau)
