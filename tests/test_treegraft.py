@@ -293,7 +293,7 @@ def test_hit_rate_follows_how_often_strong_children_hold_the_next_token():
     assert rule.hit_rate == pytest.approx(0.375)
 
 
-def root_state(layer=1, called=(), weak=None) -> SchedulerState:
+def root_state(layer=1, called=(), weak=None, strong_lag=1) -> SchedulerState:
     """A step about to build ``layer`` of 4 on a CPU-like cost model: verify 240 ms (root) to 300 ms (N=16), call 90 ms."""
     return SchedulerState(
         tree=DraftTree.from_root(0),
@@ -307,6 +307,7 @@ def root_state(layer=1, called=(), weak=None) -> SchedulerState:
         width=4,
         budget=16,
         weak=weak,
+        strong_lag=strong_lag,
     )
 
 
@@ -328,9 +329,9 @@ class FakeClock:
         return self.now
 
 
-def run_step(rule: StepRule, clock: FakeClock, tree: DraftTree, accepted: int, ms: float, weak=None) -> bool:
+def run_step(rule: StepRule, clock: FakeClock, tree: DraftTree, accepted: int, ms: float, weak=None, lag=1) -> bool:
     """Decide at layer 1, let ``ms`` pass, observe ``accepted`` tokens (1..accepted) verified on ``tree``."""
-    strong = rule.decide(root_state(weak=weak))
+    strong = rule.decide(root_state(weak=weak, strong_lag=lag))
     clock.now += ms / 1000.0
     rule.observe(tree, torch.arange(accepted), torch.arange(1, accepted + 1))
     return strong
@@ -348,6 +349,8 @@ def test_step_rule_calls_at_the_strong_steps_layers_only():
 def test_step_rule_prefers_a_confident_ngram_match_to_strong_calls():
     clock = FakeClock()
     rule = StepRule(call_budget=5, hit_rate=0.8, clock=clock)
+    assert run_step(rule, clock, strong_chain(4), 5, 3000.0, lag=500)  # the prompt's catch-up: not timed
+    assert rule.ms == 0 and rule.measured_tau == 5.0
     for _ in range(3):  # strong steps of τ 5 in 600 ms: R = 5/600 tokens per ms
         assert run_step(rule, clock, strong_chain(4), 5, 600.0)
     assert rule.measured_tau == pytest.approx(5.0) and rule.rate == pytest.approx(5 / 600)

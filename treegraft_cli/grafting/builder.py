@@ -126,7 +126,7 @@ class LayerLoop:
         records = []
         for layer in range(1, self.shape.depth + 1):
             proposal = self.propose_weak(g, layer) if policy.previews(layer) and layer not in forced else None
-            state = self.state(g, layer, costs, prompt_length, proposal)
+            state = self.state(g, layer, costs, prompt_length, proposal, self.strong_lag(committed))
             wanted = forced[layer] if layer in forced else policy.decide(state)
             call = wanted and self.strong is not None and bool(state.candidates.any())
             if call:
@@ -137,8 +137,18 @@ class LayerLoop:
             records.append(LayerRecord(layer, call, layer in forced, features(state) if record else None))
         return cut_to_budget(g.tree, self.shape.budget), records, g
 
+    def strong_lag(self, committed: torch.Tensor) -> int:
+        """Committed tokens the strong drafter has yet to forward (the whole prompt before its first call)."""
+        return committed.shape[0] - self.strong.committed_length if self.strong is not None else 0
+
     def state(
-        self, g: Growth, layer: int, costs: CostModel, prompt_length: int, proposal: WeakProposal | None = None
+        self,
+        g: Growth,
+        layer: int,
+        costs: CostModel,
+        prompt_length: int,
+        proposal: WeakProposal | None = None,
+        strong_lag: int = 0,
     ) -> SchedulerState:
         window = graft_window(g.tree, layer, self.options.lookback, self.options.max_depth, g.expanded)
         return SchedulerState(
@@ -153,6 +163,7 @@ class LayerLoop:
             width=self.shape.top_k,
             budget=self.shape.budget,
             weak=proposal.preview if proposal is not None else None,
+            strong_lag=strong_lag,
         )
 
     # -- skip: the weak drafter ---------------------------------------------------------------------

@@ -107,6 +107,7 @@ class SchedulerState:
     width: int  # K
     budget: int  # N
     weak: WeakPreview | None = None  # what a skip would add, when the policy previews it
+    strong_lag: int = 0  # committed tokens the strong drafter has not forwarded yet (its next call will)
 
     def reselection(self) -> torch.Tensor:
         """[≤K] the grafting positions a strong call would pick on the current scores (before rescoring)."""

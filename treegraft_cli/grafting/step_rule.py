@@ -26,6 +26,9 @@ ratio objectives). So the step is strong iff
   (``rate_decay``); until measured, the cost model's (verification of the tree + the calls).
 - R: accepted tokens over wall time of the recent steps, both exponentially weighted.
 
+A strong step whose first call catches the drafter up on more than ``max_lag`` committed tokens (the
+prompt, at a generation's first call) pays a one-off cost: its time is kept out of T and R.
+
 Measuring on this device and this text adapts the rule to both: the strong drafter runs where it is
 right for long stretches (code), the n-gram chains where the text copies its context (summaries,
 long-context QA), and a long context that slows verification shows in T. So that τ_strong keeps
@@ -93,6 +96,7 @@ class StepRule(CallPolicy):
         hit_rate: float,
         layers: tuple[int, ...] = (),  # a strong step's called layers; () = 1..D−1
         explore: int = 8,
+        max_lag: int = 64,
         strong_decay: float = 0.8,
         rate_decay: float = 0.95,
         clock: Callable[[], float] = time.perf_counter,  # seconds
@@ -101,6 +105,7 @@ class StepRule(CallPolicy):
         self.layers = layers
         self.hit_rate = hit_rate
         self.explore = explore
+        self.max_lag = max_lag
         self.strong_decay = strong_decay
         self.rate_decay = rate_decay
         self.clock = clock
@@ -112,8 +117,9 @@ class StepRule(CallPolicy):
         self.tokens = 0.0  # exponentially weighted accepted length of the verified steps
         self.ms = 0.0  # and their wall time
         self.weak_run = 0  # weak steps in a row
-        # this step's decision: the choice, its start, the preview and its estimate e
+        # this step's decision: the choice, its start, the preview and its estimate e, a catch-up
         self.strong_step = False
+        self.catching_up = False
         self.started = 0.0
         self.preview: WeakPreview | None = None
         self.estimate = 1.0
@@ -127,6 +133,7 @@ class StepRule(CallPolicy):
     def wants_call(self, state: SchedulerState) -> bool:
         if state.layer == 1:
             self.strong_step = self.choose_strong(state)
+            self.catching_up = self.strong_step and state.strong_lag > self.max_lag
             self.started = self.clock()
         return self.strong_step and state.layer in self.called_layers(state.num_layers)
 
@@ -170,10 +177,11 @@ class StepRule(CallPolicy):
         ms = (self.clock() - self.started) * 1000.0
         tau = float(accepted.numel())  # the root stands for the bonus token
         strong = bool((tree.origins == ORIGIN_MODEL).any())
-        self.tokens = self.rate_decay * self.tokens + tau
-        self.ms = self.rate_decay * self.ms + ms
-        self.step_ms[strong] = self.rate_decay * self.step_ms[strong] + ms
-        self.step_weight[strong] = self.rate_decay * self.step_weight[strong] + 1.0
+        if not (strong and self.catching_up):
+            self.tokens = self.rate_decay * self.tokens + tau
+            self.ms = self.rate_decay * self.ms + ms
+            self.step_ms[strong] = self.rate_decay * self.step_ms[strong] + ms
+            self.step_weight[strong] = self.rate_decay * self.step_weight[strong] + 1.0
         if strong:
             last = self.measured_tau
             self.measured_tau = tau if last is None else self.strong_decay * last + (1 - self.strong_decay) * tau
