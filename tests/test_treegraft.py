@@ -27,7 +27,7 @@ from treegraft_cli.grafting.scheduler import (
     features,
     make_policy,
 )
-from treegraft_cli.grafting.step_rule import StepRule, chain_match
+from treegraft_cli.grafting.step_rule import StepRule, WeakOutcomes, chain_match
 from treegraft_cli.grafting.tree_ops import cut_to_budget, graft_window
 from treegraft_cli.lm import CausalLM
 from treegraft_cli.methods import Models, Prefill, create_method
@@ -367,11 +367,26 @@ def test_step_rule_learns_what_a_doubtful_looking_ngram_match_is_worth():
     """Copying: chains the target once found unlikely are accepted whole; measured, they win over calls."""
     clock = FakeClock()
     rule = StepRule(call_budget=5, hit_rate=0.8, explore=100, clock=clock)
-    doubtful = WeakPreview(torch.tensor([0]), torch.full((1, 3), math.log(0.15)), torch.tensor([[1, 2, 3]]))
-    assert run_step(rule, clock, strong_chain(4), 5, 600.0, weak=doubtful)  # e = 1.17: call
-    # the strong step committed 1 2 3 4 5: the chain 1 2 3 would have reached 4, not 1.17
-    assert rule.weak_outcomes.expected(rule.estimate) == pytest.approx((4 + rule.estimate) / 2)
-    assert not rule.decide(root_state(weak=doubtful))  # 5 − 2.6 < R · (600 − 247) = 2.9
+    doubtful = WeakPreview(torch.tensor([0]), torch.full((1, 6), math.log(0.35)), torch.tensor([[1, 2, 3, 4, 5, 6]]))
+    assert run_step(rule, clock, strong_chain(4), 5, 600.0)  # R = 5/600
+    assert rule.decide(root_state(weak=doubtful))  # e = 1.54: 5 − 1.54 > R · (600 − 262.5) = 2.8
+    estimate = rule.estimate
+    assert run_step(rule, clock, strong_chain(4), 5, 600.0, weak=doubtful)
+    # the strong step committed 1 2 3 4 5: the chain would have reached 6 (at least)
+    ratio = (0.8 * 2 + 5) / (0.8 * 2 + (estimate - 1))  # the prior, decayed once
+    assert rule.weak_outcomes.ratio == pytest.approx(ratio)
+    assert rule.weak_outcomes.expected(estimate) == pytest.approx(1 + ratio * (estimate - 1))
+    assert not rule.decide(root_state(weak=doubtful))  # 5 − 2.7 < 2.8
+
+
+def test_weak_outcomes_discount_estimates_that_fell_short():
+    outcomes = WeakOutcomes(decay=0.5, prior_gain=2.0)
+    assert outcomes.expected(5.0) == 5.0  # the prior: ρ = 1
+    outcomes.observe(1.0, 3.0)  # nothing previewed: no evidence about the estimates
+    assert outcomes.ratio == 1.0
+    for _ in range(8):
+        outcomes.observe(7.0, 1.0)  # six tokens promised, none delivered
+    assert outcomes.ratio < 0.01 and outcomes.expected(7.0) < 1.1
 
 
 def test_chain_match_counts_the_longest_common_prefix_with_the_committed_tokens():

@@ -17,9 +17,9 @@ ratio objectives). So the step is strong iff
 - τ_weak: what this step's n-gram match is worth. The weak chains previewed at layer 1 give an
   estimate e = 1 + Σ calibrated reach of their best N tokens (``AcceptanceCalibration``). Chain
   scores are the target's log-probs where the n-gram matched, which misjudge copying (a summary
-  repeats its article with a confidence the article's first reading never had), so e is mapped
-  through ``WeakOutcomes``: the measured accepted length of weak steps with a similar e. A strong step
-  measures it too: the previewed chains are matched against the tokens the step committed.
+  repeats its article with a confidence the article's first reading never had) and chance repeats
+  alike, so e is discounted by how such estimates fared on the last steps (``WeakOutcomes``). A
+  strong step measures it too: its previewed chains are matched against the tokens it committed.
 - τ_strong: an exponential moving average of the accepted length of the strong steps (``strong_decay``
   per strong step; the prior is 1 + |layers| · ``hit_rate``).
 - T: each kind's measured wall time from decision to verified step, an exponential moving average
@@ -48,30 +48,31 @@ from .scheduler import CallPolicy, SchedulerState, WeakPreview, expected_accepte
 
 
 class WeakOutcomes:
-    """Measured accepted length of weak steps, by bin of their previewed estimate e.
+    """τ_weak = 1 + ρ·(e − 1): the previewed estimate's gain, discounted by how it has been doing lately.
 
-    Each bin holds an exponentially forgetting mean (``decay`` per observation in the bin) with a prior
-    of one pseudo-observation at e itself, so an unseen bin reads as the estimate says.
+    ρ is the ratio of measured gains (accepted length − 1) to estimated gains (e − 1) over the recent
+    observations, both exponentially weighted (``decay`` per observation) from a prior of ρ = 1 worth
+    ``prior_gain`` estimated tokens. One number adapts within a few steps to the text at hand: above 1
+    where it copies its context, well below 1 where the matches are chance repeats.
     """
 
-    EDGES = (1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0)
-
-    def __init__(self, decay: float = 0.9):
+    def __init__(self, decay: float = 0.8, prior_gain: float = 2.0):
         self.decay = decay
-        self.total = torch.zeros(len(self.EDGES) + 1, dtype=torch.float64)
-        self.weight = torch.zeros(len(self.EDGES) + 1, dtype=torch.float64)
+        self.measured = prior_gain
+        self.estimated = prior_gain
 
-    def _bin(self, estimate: float) -> int:
-        return int(torch.bucketize(torch.tensor(estimate), torch.tensor(self.EDGES)))
+    @property
+    def ratio(self) -> float:
+        return self.measured / self.estimated
 
     def observe(self, estimate: float, accepted: float) -> None:
-        b = self._bin(estimate)
-        self.total[b] = self.decay * self.total[b] + accepted
-        self.weight[b] = self.decay * self.weight[b] + 1.0
+        if estimate <= 1.0:  # nothing was previewed: nothing to learn about the estimates
+            return
+        self.measured = self.decay * self.measured + (accepted - 1.0)
+        self.estimated = self.decay * self.estimated + (estimate - 1.0)
 
     def expected(self, estimate: float) -> float:
-        b = self._bin(estimate)
-        return float((self.total[b] + estimate) / (self.weight[b] + 1.0))
+        return 1.0 + self.ratio * (estimate - 1.0)
 
 
 def chain_match(preview: WeakPreview, committed: torch.Tensor) -> int:
