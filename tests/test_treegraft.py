@@ -34,7 +34,7 @@ from treegraft_cli.methods import Models, Prefill, create_method
 from treegraft_cli.tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree
 
 SMALL_TREE = TreeConfig(budget=20, depth=4, top_k=4)
-POLICIES = ["ngram", "all-small", "all-mid", "fixed:1,3", "treegraft", "treegraft:step", "treegraft:step:2,3"]
+POLICIES = ["ngram", "all-small", "all-mid", "fixed:1,3", "treegraft", "treegraft:cost-aware", "treegraft:step:2,3"]
 NEW_TOKENS = 24
 
 
@@ -147,10 +147,10 @@ def test_cut_keeps_ancestors_even_when_chain_scores_exceed_parents():
 # -- the strong drafter's cache -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", ["all-mid", "fixed:2,4", "treegraft", "treegraft:step"])
+@pytest.mark.parametrize("method", ["all-mid", "fixed:2,4", "treegraft", "treegraft:cost-aware"])
 def test_strong_cache_equals_recompute_after_every_step(tiny_self_pair, method):
     drafter_model = tiny_self_pair[0].model
-    # costs that make the cost-aware rule call sometimes (tiny models cost about the same per forward)
+    # costs that make the rules call sometimes (tiny models cost about the same per forward)
     decoder = decoder_for(tiny_self_pair, method, verify_ms=100.0, strong_ms=10.0)
     prompt = repetitive_prompt(2)
     checked = []

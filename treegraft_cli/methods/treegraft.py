@@ -1,7 +1,8 @@
-"""TreeGraft methods: ``treegraft`` (cost-aware calls), ``all-small``, ``all-mid``, ``fixed`` and ``ngram``.
+"""TreeGraft methods: ``treegraft`` (the step rule decides), ``all-small``, ``all-mid``, ``fixed`` and ``ngram``.
 
 The first four share one layer loop (``grafting.builder``) and differ only in the call policy; ``fixed``
-takes its layers as ``fixed:1,3`` or ``--option layers=1,3``. ``ngram`` is the prompt-lookup chain
+takes its layers as ``fixed:1,3`` or ``--option layers=1,3``, and ``treegraft:POLICY`` runs ``treegraft``
+with another policy (``treegraft:cost-aware``). ``ngram`` is the prompt-lookup chain
 baseline on the same index. Settings: ``TreeGraftConfig`` from ``DecodeConfig.method_options``.
 """
 
@@ -18,7 +19,8 @@ from ..drafters.ngram import NgramIndex, TargetLogProbCache
 from ..grafting.builder import LayerLoop, LayerRecord
 from ..grafting.config import TreeGraftConfig
 from ..grafting.costs import measure_costs
-from ..grafting.scheduler import LEARNED, CallPolicy, CostAwareRule, CostModel, make_policy
+from ..grafting.scheduler import LEARNED, CallPolicy, CostModel, make_policy
+from ..grafting.step_rule import StepRule
 from ..tree import ORIGIN_NGRAM, ORIGIN_ROOT, DraftTree
 from .base import Method, Models, Observation, Prefill, register
 
@@ -38,13 +40,13 @@ def _record_prefill(cache: TargetLogProbCache, prefill: Prefill) -> None:
 
 @register
 class TreeGraftMethod(Method):
-    """Weak n-gram + strong model drafter on one tree; the call policy decides per layer."""
+    """Weak n-gram + strong model drafter on one tree; the call policy decides per layer (``StepRule``)."""
 
     name = "treegraft"
     options_class = TreeGraftConfig
     needs_drafter = True
-    description = "TreeGraft: n-gram + model drafter on one shared tree, cost-aware strong calls"
-    default_policy = CostAwareRule.name
+    description = "TreeGraft: n-gram + model drafter on one shared tree, strong calls where measured gains pay"
+    default_policy = StepRule.name
 
     def __init__(self, models: Models, config: DecodeConfig):
         super().__init__(models, config)
@@ -70,7 +72,7 @@ class TreeGraftMethod(Method):
         """The ``policy`` option; else the distilled scheduler when one is given to ``treegraft``; else the default."""
         if self.options.policy:
             return self.options.policy
-        learned = self.options.scheduler and self.default_policy == CostAwareRule.name
+        learned = self.options.scheduler and self.default_policy == StepRule.name
         return LEARNED if learned else self.default_policy
 
     @property
