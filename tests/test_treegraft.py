@@ -389,6 +389,33 @@ def test_weak_outcomes_discount_estimates_that_fell_short():
     assert outcomes.ratio < 0.01 and outcomes.expected(7.0) < 1.1
 
 
+def test_step_rule_charges_a_prompt_catch_up_over_its_horizon():
+    clock = FakeClock()
+    rule = StepRule(call_budget=5, hit_rate=0.8, explore=0, max_lag=64, catch_up_horizon=8.0, clock=clock)
+    nothing = WeakPreview(torch.zeros(0, dtype=torch.long), torch.empty(0, 1))
+    assert run_step(rule, clock, strong_chain(4), 5, 600.0)  # R = 5/600, T_strong = 600
+    # a new prompt: 500 tokens to catch up, not priced yet; it takes 2500 ms more than a strong step
+    assert run_step(rule, clock, strong_chain(4), 5, 3100.0, weak=nothing, lag=500)
+    assert rule.catch_up_ms_per_token == pytest.approx(5.0) and rule.measured_ms(True, 0.0) == pytest.approx(600.0)
+    # the next prompt's catch-up costs 500 · 5 / 8 ms more: 5 − 1 < R · (912.5 − 240); exploring does not force it
+    assert not rule.decide(root_state(weak=nothing, strong_lag=500))
+    assert rule.decide(root_state(weak=nothing, strong_lag=10))  # nothing to catch up on: exploring calls
+
+
+def test_step_rule_prices_a_weak_step_by_its_size():
+    clock = FakeClock()
+    rule = StepRule(call_budget=5, hit_rate=0.8, explore=100, clock=clock)
+    weak_tree = DraftTree.from_root(0)
+    weak_tree.add_children(torch.zeros(8, dtype=torch.long), torch.arange(1, 9), torch.full((8,), -0.05), ORIGIN_NGRAM)
+    run_step(rule, clock, strong_chain(4), 5, 600.0)
+    rule.decide(root_state())
+    clock.now += 0.280
+    rule.observe(weak_tree, torch.arange(2), torch.arange(1, 3))  # a weak step of 8 nodes took 280 ms
+    costs = CostModel(300.0, 90.0, verify_root_ms=240.0)  # 3.75 ms per node
+    assert rule.weak_ms(costs, 8, 16) == pytest.approx(280.0)
+    assert rule.weak_ms(costs, 0, 16) == pytest.approx(250.0) and rule.weak_ms(costs, 16, 16) == pytest.approx(310.0)
+
+
 def test_chain_match_counts_the_longest_common_prefix_with_the_committed_tokens():
     tokens = torch.tensor([[5, 6, 7], [5, 9, 0], [8, 0, 0]])
     logp = torch.tensor([[-1.0, -1.0, -1.0], [-1.0, -1.0, float("-inf")], [-1.0, float("-inf"), float("-inf")]])

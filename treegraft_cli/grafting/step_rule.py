@@ -23,11 +23,17 @@ ratio objectives). So the step is strong iff
 - τ_strong: an exponential moving average of the accepted length of the strong steps (``strong_decay``
   per strong step; the prior is 1 + |layers| · ``hit_rate``).
 - T: each kind's measured wall time from decision to verified step, an exponential moving average
-  (``rate_decay``); until measured, the cost model's (verification of the tree + the calls).
+  (``rate_decay``); until measured, the cost model's (verification of the tree + the calls). A weak
+  step's time follows its size: the measured mean, moved along the cost model's verification slope
+  by the nodes the preview adds (a step with no match verifies little more than the root).
 - R: accepted tokens over wall time of the recent steps, both exponentially weighted.
 
 A strong step whose first call catches the drafter up on more than ``max_lag`` committed tokens (the
-prompt, at a generation's first call) pays a one-off cost: its time is kept out of T and R.
+prompt, at a generation's first call) pays a one-off cost: its time is kept out of T and R, and its
+excess over T_strong, per token caught up, is measured instead. The decision to pay it charges the
+step ``lag · ms_per_token / catch_up_horizon``: the catch-up is worth it only if about
+``catch_up_horizon`` strong steps will follow, so a long prompt the n-gram chains copy well keeps the
+strong drafter idle.
 
 Measuring on this device and this text adapts the rule to both: the strong drafter runs where it is
 right for long stretches (code), the n-gram chains where the text copies its context (summaries,
@@ -44,7 +50,7 @@ import torch
 
 from ..tree import ORIGIN_MODEL, DraftTree
 from .calibration import AcceptanceCalibration
-from .scheduler import CallPolicy, SchedulerState, WeakPreview, expected_accepted
+from .scheduler import CallPolicy, CostModel, SchedulerState, WeakPreview, expected_accepted
 
 
 class WeakOutcomes:
@@ -98,6 +104,7 @@ class StepRule(CallPolicy):
         layers: tuple[int, ...] = (),  # a strong step's called layers; () = 1..D−1
         explore: int = 8,
         max_lag: int = 64,
+        catch_up_horizon: float = 8.0,
         strong_decay: float = 0.8,
         rate_decay: float = 0.95,
         clock: Callable[[], float] = time.perf_counter,  # seconds
@@ -107,6 +114,8 @@ class StepRule(CallPolicy):
         self.hit_rate = hit_rate
         self.explore = explore
         self.max_lag = max_lag
+        self.catch_up_horizon = catch_up_horizon
+        self.catch_up_ms_per_token = 0.0  # measured on the catch-up steps
         self.strong_decay = strong_decay
         self.rate_decay = rate_decay
         self.clock = clock
@@ -115,12 +124,14 @@ class StepRule(CallPolicy):
         self.measured_tau: float | None = None  # τ_strong once a strong step was verified
         self.step_ms = {False: 0.0, True: 0.0}  # weak / strong: exponentially weighted wall ms per step
         self.step_weight = {False: 0.0, True: 0.0}
+        self.weak_nodes = 0.0  # exponentially weighted tree size of the weak steps (weight: step_weight)
         self.tokens = 0.0  # exponentially weighted accepted length of the verified steps
         self.ms = 0.0  # and their wall time
         self.weak_run = 0  # weak steps in a row
         # this step's decision: the choice, its start, the preview and its estimate e, a catch-up
         self.strong_step = False
         self.catching_up = False
+        self.lag = 0
         self.started = 0.0
         self.preview: WeakPreview | None = None
         self.estimate = 1.0
@@ -134,6 +145,7 @@ class StepRule(CallPolicy):
     def wants_call(self, state: SchedulerState) -> bool:
         if state.layer == 1:
             self.strong_step = self.choose_strong(state)
+            self.lag = state.strong_lag
             self.catching_up = self.strong_step and state.strong_lag > self.max_lag
             self.started = self.clock()
         return self.strong_step and state.layer in self.called_layers(state.num_layers)
@@ -141,13 +153,24 @@ class StepRule(CallPolicy):
     def choose_strong(self, state: SchedulerState) -> bool:
         self.preview = state.weak
         self.estimate, weak_nodes = self.weak_estimate(state)
-        if self.weak_run >= self.explore or self.ms <= 0:
+        catch_up = state.strong_lag > self.max_lag
+        if self.ms <= 0 or (self.weak_run >= self.explore and not catch_up):
             return True
         costs, calls = state.costs, len(self.called_layers(state.num_layers))
-        weak_ms = self.measured_ms(False, costs.verify_at(weak_nodes, state.budget))
         strong_ms = self.measured_ms(True, costs.verify_at(state.budget, state.budget) + calls * costs.strong_ms)
+        if catch_up:
+            strong_ms += state.strong_lag * self.catch_up_ms_per_token / self.catch_up_horizon
         gain = self.strong_tau(state.num_layers) - self.weak_outcomes.expected(self.estimate)
-        return gain > self.rate * (strong_ms - weak_ms)
+        return gain > self.rate * (strong_ms - self.weak_ms(costs, weak_nodes, state.budget))
+
+    def weak_ms(self, costs: CostModel, nodes: int, budget: int) -> float:
+        """T_weak for a tree of ``nodes``: the measured mean moved along the modelled verification slope."""
+        modelled = costs.verify_at(nodes, budget)
+        weight = self.step_weight[False]
+        if weight <= 0:
+            return modelled
+        mean_nodes = self.weak_nodes / weight
+        return max(0.0, self.step_ms[False] / weight + modelled - costs.verify_at(round(mean_nodes), budget))
 
     def weak_estimate(self, state: SchedulerState) -> tuple[float, int]:
         """(e, nodes): the previewed chains' calibrated expected accepted length and the nodes they add."""
@@ -178,11 +201,16 @@ class StepRule(CallPolicy):
         ms = (self.clock() - self.started) * 1000.0
         tau = float(accepted.numel())  # the root stands for the bonus token
         strong = bool((tree.origins == ORIGIN_MODEL).any())
-        if not (strong and self.catching_up):
+        if strong and self.catching_up:
+            excess = ms - self.measured_ms(True, ms)
+            self.catch_up_ms_per_token = max(0.0, excess) / max(1, self.lag)
+        else:
             self.tokens = self.rate_decay * self.tokens + tau
             self.ms = self.rate_decay * self.ms + ms
             self.step_ms[strong] = self.rate_decay * self.step_ms[strong] + ms
             self.step_weight[strong] = self.rate_decay * self.step_weight[strong] + 1.0
+            if not strong:
+                self.weak_nodes = self.rate_decay * self.weak_nodes + tree.size
         if strong:
             last = self.measured_tau
             self.measured_tau = tau if last is None else self.strong_decay * last + (1 - self.strong_decay) * tau
