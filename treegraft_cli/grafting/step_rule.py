@@ -38,7 +38,9 @@ strong drafter idle.
 Measuring on this device and this text adapts the rule to both: the strong drafter runs where it is
 right for long stretches (code), the n-gram chains where the text copies its context (summaries,
 long-context QA), and a long context that slows verification shows in T. So that τ_strong keeps
-tracking the text, a strong step is forced after ``explore`` weak steps in a row.
+tracking the text, a strong step is forced after ``explore`` weak steps in a row (unless it would
+catch up on the prompt). T is wall time, so two runs may decide differently; what they output does
+not differ, every tree is verified. Tests pass a fake ``clock``.
 """
 
 from __future__ import annotations
