@@ -348,13 +348,13 @@ def test_step_rule_calls_at_the_strong_steps_layers_only():
 
 def test_step_rule_prefers_a_confident_ngram_match_to_strong_calls():
     clock = FakeClock()
-    rule = StepRule(call_budget=5, hit_rate=0.8, clock=clock)
+    rule = StepRule(call_budget=5, hit_rate=0.8, short_layers=(), clock=clock)
     assert run_step(rule, clock, strong_chain(4), 5, 3000.0, lag=500)  # the prompt's catch-up: not timed
-    assert rule.ms == 0 and rule.measured_tau == 5.0
+    assert rule.ms == 0 and rule.kinds["full"].tau == 5.0
     for _ in range(3):  # strong steps of τ 5 in 600 ms: R = 5/600 tokens per ms
         assert run_step(rule, clock, strong_chain(4), 5, 600.0)
-    assert rule.measured_tau == pytest.approx(5.0) and rule.rate == pytest.approx(5 / 600)
-    assert rule.measured_ms(True, 0.0) == pytest.approx(600.0) and rule.measured_ms(False, 240.0) == 240.0
+    assert rule.kinds["full"].tau == pytest.approx(5.0) and rule.rate == pytest.approx(5 / 600)
+    assert rule.kinds["full"].mean_ms(0.0) == pytest.approx(600.0) and rule.kinds["weak"].mean_ms(240.0) == 240.0
     nothing = WeakPreview(torch.zeros(0, dtype=torch.long), torch.empty(0, 1))
     assert rule.decide(root_state(weak=nothing))  # τ 5 − 1 > R · (600 − 240): 4 > 3
     one_chain = WeakPreview(torch.tensor([0]), torch.full((1, 8), math.log(0.95)))  # e = 1 + 6.4
@@ -366,7 +366,7 @@ def test_step_rule_prefers_a_confident_ngram_match_to_strong_calls():
 def test_step_rule_learns_what_a_doubtful_looking_ngram_match_is_worth():
     """Copying: chains the target once found unlikely are accepted whole; measured, they win over calls."""
     clock = FakeClock()
-    rule = StepRule(call_budget=5, hit_rate=0.8, explore=100, clock=clock)
+    rule = StepRule(call_budget=5, hit_rate=0.8, short_layers=(), explore=100, clock=clock)
     doubtful = WeakPreview(torch.tensor([0]), torch.full((1, 6), math.log(0.35)), torch.tensor([[1, 2, 3, 4, 5, 6]]))
     assert run_step(rule, clock, strong_chain(4), 5, 600.0)  # R = 5/600
     assert rule.decide(root_state(weak=doubtful))  # e = 1.54: 5 − 1.54 > R · (600 − 262.5) = 2.8
@@ -391,12 +391,12 @@ def test_weak_outcomes_discount_estimates_that_fell_short():
 
 def test_step_rule_charges_a_prompt_catch_up_over_its_horizon():
     clock = FakeClock()
-    rule = StepRule(call_budget=5, hit_rate=0.8, explore=0, max_lag=64, catch_up_horizon=8.0, clock=clock)
+    rule = StepRule(call_budget=5, hit_rate=0.8, short_layers=(), explore=0, max_lag=64, catch_up_horizon=8.0, clock=clock)
     nothing = WeakPreview(torch.zeros(0, dtype=torch.long), torch.empty(0, 1))
     assert run_step(rule, clock, strong_chain(4), 5, 600.0)  # R = 5/600, T_strong = 600
     # a new prompt: 500 tokens to catch up, not priced yet; it takes 2500 ms more than a strong step
     assert run_step(rule, clock, strong_chain(4), 5, 3100.0, weak=nothing, lag=500)
-    assert rule.catch_up_ms_per_token == pytest.approx(5.0) and rule.measured_ms(True, 0.0) == pytest.approx(600.0)
+    assert rule.catch_up_ms_per_token == pytest.approx(5.0) and rule.kinds["full"].mean_ms(0.0) == pytest.approx(600.0)
     # the next prompt's catch-up costs 500 · 5 / 8 ms more: 5 − 1 < R · (912.5 − 240); exploring does not force it
     assert not rule.decide(root_state(weak=nothing, strong_lag=500))
     assert rule.decide(root_state(weak=nothing, strong_lag=10))  # nothing to catch up on: exploring calls
@@ -404,16 +404,30 @@ def test_step_rule_charges_a_prompt_catch_up_over_its_horizon():
 
 def test_step_rule_prices_a_weak_step_by_its_size():
     clock = FakeClock()
-    rule = StepRule(call_budget=5, hit_rate=0.8, explore=100, clock=clock)
+    rule = StepRule(call_budget=5, hit_rate=0.8, short_layers=(), explore=100, clock=clock)
     weak_tree = DraftTree.from_root(0)
     weak_tree.add_children(torch.zeros(8, dtype=torch.long), torch.arange(1, 9), torch.full((8,), -0.05), ORIGIN_NGRAM)
     run_step(rule, clock, strong_chain(4), 5, 600.0)
-    rule.decide(root_state())
+    confident = WeakPreview(torch.tensor([0]), torch.full((1, 8), math.log(0.95)))
+    assert not rule.decide(root_state(weak=confident))
     clock.now += 0.280
     rule.observe(weak_tree, torch.arange(2), torch.arange(1, 3))  # a weak step of 8 nodes took 280 ms
     costs = CostModel(300.0, 90.0, verify_root_ms=240.0)  # 3.75 ms per node
     assert rule.weak_ms(costs, 8, 16) == pytest.approx(280.0)
     assert rule.weak_ms(costs, 0, 16) == pytest.approx(250.0) and rule.weak_ms(costs, 16, 16) == pytest.approx(310.0)
+
+
+def test_step_rule_takes_a_short_strong_step_when_it_pays_best():
+    clock = FakeClock()
+    rule = StepRule(call_budget=5, hit_rate=0.8, explore=1, clock=clock)
+    assert run_step(rule, clock, strong_chain(4), 5, 600.0)  # the first step is full: τ 5 in 600 ms
+    assert rule.choice is rule.kinds["full"]
+    assert run_step(rule, clock, strong_chain(3), 4, 400.0)  # short unused for 1 step: explored, τ 4 in 400 ms
+    assert rule.choice is rule.kinds["short"] and rule.kinds["short"].tau == 4.0
+    rule.explore = 100
+    # R = 8.75 / 970: short 4 − 400 R = 0.39 beats full 5 − 600 R = −0.41 and weak 1 − 240 R = −1.16
+    assert rule.decide(root_state()) and rule.choice is rule.kinds["short"]
+    assert not rule.decide(root_state(2, called=(1,)))  # a short step calls at layer 1 only
 
 
 def test_chain_match_counts_the_longest_common_prefix_with_the_committed_tokens():
@@ -428,17 +442,17 @@ def test_chain_match_counts_the_longest_common_prefix_with_the_committed_tokens(
 
 def test_step_rule_explores_after_a_run_of_weak_steps_and_tracks_strong_tau():
     clock = FakeClock()
-    rule = StepRule(call_budget=5, hit_rate=0.8, explore=3, strong_decay=0.5, clock=clock)
+    rule = StepRule(call_budget=5, hit_rate=0.8, short_layers=(), explore=3, strong_decay=0.5, clock=clock)
     confident = WeakPreview(torch.tensor([0]), torch.full((1, 8), math.log(0.95)))
     run_step(rule, clock, strong_chain(4), 3, 600.0)
     weak_tree = DraftTree.from_root(0)
     weak_tree.add_children(torch.tensor([0]), torch.tensor([1]), torch.tensor([-0.05]), ORIGIN_NGRAM)
     for _ in range(3):
         assert not run_step(rule, clock, weak_tree, 2, 300.0, weak=confident)
-    assert rule.measured_ms(False, 0.0) == pytest.approx(300.0)
+    assert rule.kinds["weak"].mean_ms(0.0) == pytest.approx(300.0)
     assert rule.decide(root_state(weak=confident))  # the fourth in a row is strong: τ_strong is re-measured
     rule.observe(strong_chain(4), torch.arange(5), torch.arange(1, 6))
-    assert rule.measured_tau == pytest.approx(0.5 * 3 + 0.5 * 5) and rule.weak_run == 0
+    assert rule.kinds["full"].tau == pytest.approx(0.5 * 3 + 0.5 * 5) and rule.kinds["full"].idle == 0
 
 
 def test_chain_tokens_are_scored_where_the_ngram_matched(tiny_self_pair):

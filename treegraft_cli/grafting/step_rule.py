@@ -2,17 +2,19 @@
 
 A per-layer rule weighs one call against one skip, but a strong call pays off through the calls and
 weak expansions after it (a strong child gives the n-gram index a fresh suffix, the next call reaches
-one level deeper). ``StepRule`` therefore chooses between two whole steps at layer 1:
+one level deeper). ``StepRule`` therefore chooses a whole step at layer 1, one of these kinds:
 
-- a *weak step*: every layer skips (the n-gram chains alone);
-- a *strong step*: the strong drafter is called at ``layers`` (default 1..D−1), the other layers skip.
+- *weak*: every layer skips (the n-gram chains alone);
+- *short*: the strong drafter is called at ``short_layers`` (default 1: its top-K children of the
+  root, for the n-gram layers after it to extend), the other layers skip;
+- *full*: the strong drafter is called at ``layers`` (default 1..D−1), the other layers skip.
 
 Decoding maximises accepted tokens per second. With R the rate achieved so far, an action a of the
 current step is worth τ_a − R·T_a (its tokens minus what its time would have earned at the running
-rate; choosing the larger per step drives R to its best fixed point, as in Dinkelbach's method for
-ratio objectives). So the step is strong iff
+rate; choosing the largest per step drives R to its best fixed point, as in Dinkelbach's method for
+ratio objectives). So the step takes the kind with the largest
 
-    τ_strong − τ_weak  >  R · (T_strong − T_weak)
+    τ_kind − R · T_kind
 
 - τ_weak: what this step's n-gram match is worth. The weak chains previewed at layer 1 give an
   estimate e = 1 + Σ calibrated reach of their best N tokens (``AcceptanceCalibration``). Chain
@@ -20,8 +22,8 @@ ratio objectives). So the step is strong iff
   repeats its article with a confidence the article's first reading never had) and chance repeats
   alike, so e is discounted by how such estimates fared on the last steps (``WeakOutcomes``). A
   strong step measures it too: its previewed chains are matched against the tokens it committed.
-- τ_strong: an exponential moving average of the accepted length of the strong steps (``strong_decay``
-  per strong step; the prior is 1 + |layers| · ``hit_rate``).
+- τ_short, τ_full: exponential moving averages of the accepted length of the steps of that kind
+  (``strong_decay`` per step; the prior is 1 + |called layers| · ``hit_rate``).
 - T: each kind's measured wall time from decision to verified step, an exponential moving average
   (``rate_decay``); until measured, the cost model's (verification of the tree + the calls). A weak
   step's time follows its size: the measured mean, moved along the cost model's verification slope
@@ -30,15 +32,15 @@ ratio objectives). So the step is strong iff
 
 A strong step whose first call catches the drafter up on more than ``max_lag`` committed tokens (the
 prompt, at a generation's first call) pays a one-off cost: its time is kept out of T and R, and its
-excess over T_strong, per token caught up, is measured instead. The decision to pay it charges the
+excess over its kind's T, per token caught up, is measured instead. The decision to pay it charges the
 step ``lag · ms_per_token / catch_up_horizon``: the catch-up is worth it only if about
 ``catch_up_horizon`` strong steps will follow, so a long prompt the n-gram chains copy well keeps the
 strong drafter idle.
 
 Measuring on this device and this text adapts the rule to both: the strong drafter runs where it is
 right for long stretches (code), the n-gram chains where the text copies its context (summaries,
-long-context QA), and a long context that slows verification shows in T. So that τ_strong keeps
-tracking the text, a strong step is forced after ``explore`` weak steps in a row (unless it would
+long-context QA), and a long context that slows verification shows in T. So that each τ keeps
+tracking the text, a strong kind not chosen for ``explore`` steps is chosen next (unless it would
 catch up on the prompt). T is wall time, so two runs may decide differently; what they output does
 not differ, every tree is verified. Tests pass a fake ``clock``.
 """
@@ -47,10 +49,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from ..tree import ORIGIN_MODEL, DraftTree
+from ..tree import DraftTree
 from .calibration import AcceptanceCalibration
 from .scheduler import CallPolicy, CostModel, SchedulerState, WeakPreview, expected_accepted
 
@@ -95,6 +98,30 @@ def chain_match(preview: WeakPreview, committed: torch.Tensor) -> int:
     return 1 + int(same.int().cumprod(dim=1).sum(dim=1).max()) if chains.numel() else 1
 
 
+@dataclass
+class StepKind:
+    """One kind of step the rule can choose: the layers it calls at (none: weak) and what it measured."""
+
+    name: str
+    layers: tuple[int, ...]
+    tau: float | None = None  # exponentially weighted accepted length (strong kinds); None: not yet measured
+    ms: float = 0.0  # exponentially weighted wall ms (divide by ``weight``)
+    nodes: float = 0.0  # exponentially weighted tree size (divide by ``weight``)
+    weight: float = 0.0
+    idle: int = 0  # steps since this kind was last chosen
+
+    def mean_ms(self, otherwise: float) -> float:
+        return self.ms / self.weight if self.weight > 0 else otherwise
+
+    def record_time(self, ms: float, nodes: int, decay: float) -> None:
+        self.ms = decay * self.ms + ms
+        self.nodes = decay * self.nodes + nodes
+        self.weight = decay * self.weight + 1.0
+
+    def record_tau(self, tau: float, decay: float) -> None:
+        self.tau = tau if self.tau is None else decay * self.tau + (1 - decay) * tau
+
+
 class StepRule(CallPolicy):
     name = "step"
     uses_costs = True
@@ -103,7 +130,8 @@ class StepRule(CallPolicy):
         self,
         call_budget: int,
         hit_rate: float,
-        layers: tuple[int, ...] = (),  # a strong step's called layers; () = 1..D−1
+        layers: tuple[int, ...] = (),  # a full strong step's called layers; () = 1..D−1
+        short_layers: tuple[int, ...] = (1,),  # a short strong step's; () = no short steps
         explore: int = 8,
         max_lag: int = 64,
         catch_up_horizon: float = 8.0,
@@ -113,6 +141,7 @@ class StepRule(CallPolicy):
     ):
         super().__init__(call_budget)
         self.layers = layers
+        self.short_layers = short_layers
         self.hit_rate = hit_rate
         self.explore = explore
         self.max_lag = max_lag
@@ -123,15 +152,11 @@ class StepRule(CallPolicy):
         self.clock = clock
         self.calibration = AcceptanceCalibration()
         self.weak_outcomes = WeakOutcomes()
-        self.measured_tau: float | None = None  # τ_strong once a strong step was verified
-        self.step_ms = {False: 0.0, True: 0.0}  # weak / strong: exponentially weighted wall ms per step
-        self.step_weight = {False: 0.0, True: 0.0}
-        self.weak_nodes = 0.0  # exponentially weighted tree size of the weak steps (weight: step_weight)
+        self.kinds: dict[str, StepKind] = {}  # weak, short, full: built once D is known
         self.tokens = 0.0  # exponentially weighted accepted length of the verified steps
         self.ms = 0.0  # and their wall time
-        self.weak_run = 0  # weak steps in a row
-        # this step's decision: the choice, its start, the preview and its estimate e, a catch-up
-        self.strong_step = False
+        # this step's decision: the kind, its start, the preview and its estimate e, a catch-up
+        self.choice: StepKind | None = None
         self.catching_up = False
         self.lag = 0
         self.started = 0.0
@@ -141,38 +166,49 @@ class StepRule(CallPolicy):
     def previews(self, layer: int) -> bool:
         return layer == 1
 
-    def called_layers(self, num_layers: int) -> tuple[int, ...]:
-        return self.layers or tuple(range(1, num_layers))
+    def step_kinds(self, num_layers: int) -> dict[str, StepKind]:
+        if not self.kinds:
+            full = self.layers or tuple(range(1, num_layers))
+            self.kinds = {"weak": StepKind("weak", ()), "full": StepKind("full", full)}
+            if self.short_layers and self.short_layers != full:
+                self.kinds["short"] = StepKind("short", self.short_layers)
+        return self.kinds
 
     def wants_call(self, state: SchedulerState) -> bool:
         if state.layer == 1:
-            self.strong_step = self.choose_strong(state)
+            self.choice = self.choose(state)
             self.lag = state.strong_lag
-            self.catching_up = self.strong_step and state.strong_lag > self.max_lag
+            self.catching_up = bool(self.choice.layers) and state.strong_lag > self.max_lag
             self.started = self.clock()
-        return self.strong_step and state.layer in self.called_layers(state.num_layers)
+        return self.choice is not None and state.layer in self.choice.layers
 
-    def choose_strong(self, state: SchedulerState) -> bool:
+    def choose(self, state: SchedulerState) -> StepKind:
+        kinds = self.step_kinds(state.num_layers)
         self.preview = state.weak
         self.estimate, weak_nodes = self.weak_estimate(state)
         catch_up = state.strong_lag > self.max_lag
-        if self.ms <= 0 or (self.weak_run >= self.explore and not catch_up):
-            return True
-        costs, calls = state.costs, len(self.called_layers(state.num_layers))
-        strong_ms = self.measured_ms(True, costs.verify_at(state.budget, state.budget) + calls * costs.strong_ms)
-        if catch_up:
-            strong_ms += state.strong_lag * self.catch_up_ms_per_token / self.catch_up_horizon
-        gain = self.strong_tau(state.num_layers) - self.weak_outcomes.expected(self.estimate)
-        return gain > self.rate * (strong_ms - self.weak_ms(costs, weak_nodes, state.budget))
+        strong = [kind for kind in kinds.values() if kind.layers]
+        if self.ms <= 0:
+            return kinds["full"]
+        stale = max(strong, key=lambda kind: kind.idle)
+        if stale.idle >= self.explore and not catch_up:
+            return stale
+        costs = state.costs
+        extra = state.strong_lag * self.catch_up_ms_per_token / self.catch_up_horizon if catch_up else 0.0
+        values = {"weak": self.weak_outcomes.expected(self.estimate) - self.rate * self.weak_ms(costs, weak_nodes, state.budget)}
+        for kind in strong:
+            modelled = costs.verify_at(state.budget, state.budget) + len(kind.layers) * costs.strong_ms
+            values[kind.name] = self.strong_tau(kind) - self.rate * (kind.mean_ms(modelled) + extra)
+        return kinds[max(values, key=values.get)]
 
     def weak_ms(self, costs: CostModel, nodes: int, budget: int) -> float:
         """T_weak for a tree of ``nodes``: the measured mean moved along the modelled verification slope."""
         modelled = costs.verify_at(nodes, budget)
-        weight = self.step_weight[False]
-        if weight <= 0:
+        weak = self.kinds.get("weak")
+        if weak is None or weak.weight <= 0:
             return modelled
-        mean_nodes = self.weak_nodes / weight
-        return max(0.0, self.step_ms[False] / weight + modelled - costs.verify_at(round(mean_nodes), budget))
+        mean_nodes = round(weak.nodes / weak.weight)
+        return max(0.0, weak.mean_ms(modelled) + modelled - costs.verify_at(mean_nodes, budget))
 
     def weak_estimate(self, state: SchedulerState) -> tuple[float, int]:
         """(e, nodes): the previewed chains' calibrated expected accepted length and the nodes they add."""
@@ -182,16 +218,9 @@ class StepRule(CallPolicy):
         weak = state.weak.reach(reach, self.calibration.rate)
         return expected_accepted(torch.cat([reach[1:], weak]), state.budget), min(weak.numel(), state.budget)
 
-    def strong_tau(self, num_layers: int) -> float:
-        """τ_strong: measured, or the prior before the first strong step."""
-        if self.measured_tau is not None:
-            return self.measured_tau
-        return 1.0 + len(self.called_layers(num_layers)) * self.hit_rate
-
-    def measured_ms(self, strong: bool, modelled: float) -> float:
-        """T of a weak or strong step: measured, else ``modelled``."""
-        weight = self.step_weight[strong]
-        return self.step_ms[strong] / weight if weight > 0 else modelled
+    def strong_tau(self, kind: StepKind) -> float:
+        """τ of a strong kind: measured, or the prior before its first step."""
+        return kind.tau if kind.tau is not None else 1.0 + len(kind.layers) * self.hit_rate
 
     @property
     def rate(self) -> float:
@@ -200,25 +229,23 @@ class StepRule(CallPolicy):
 
     def observe(self, tree: DraftTree, accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
         self.calibration.observe(tree, accepted)
+        kind = self.choice
+        if kind is None:
+            return
         ms = (self.clock() - self.started) * 1000.0
         tau = float(accepted.numel())  # the root stands for the bonus token
-        strong = bool((tree.origins == ORIGIN_MODEL).any())
-        if strong and self.catching_up:
-            excess = ms - self.measured_ms(True, ms)
+        if self.catching_up:
+            excess = ms - kind.mean_ms(ms)
             self.catch_up_ms_per_token = max(0.0, excess) / max(1, self.lag)
         else:
             self.tokens = self.rate_decay * self.tokens + tau
             self.ms = self.rate_decay * self.ms + ms
-            self.step_ms[strong] = self.rate_decay * self.step_ms[strong] + ms
-            self.step_weight[strong] = self.rate_decay * self.step_weight[strong] + 1.0
-            if not strong:
-                self.weak_nodes = self.rate_decay * self.weak_nodes + tree.size
-        if strong:
-            last = self.measured_tau
-            self.measured_tau = tau if last is None else self.strong_decay * last + (1 - self.strong_decay) * tau
-            self.weak_run = 0
+            kind.record_time(ms, tree.size, self.rate_decay)
+        for other in self.kinds.values():
+            other.idle = 0 if other is kind else other.idle + 1
+        if kind.layers:
+            kind.record_tau(tau, self.strong_decay)
             if self.preview is not None:
                 self.weak_outcomes.observe(self.estimate, chain_match(self.preview, next_tokens))
         else:
-            self.weak_run += 1
             self.weak_outcomes.observe(self.estimate, tau)
