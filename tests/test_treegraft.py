@@ -248,7 +248,7 @@ def test_cost_aware_rule_weighs_gain_against_cost():
 
 def test_cost_aware_rule_leaves_the_strong_drafter_idle_behind_a_confident_ngram_match():
     rule = CostAwareRule(call_budget=5, hit_rate=0.8)
-    assert rule.previews_weak
+    assert rule.previews(1) and rule.previews(3)
     under_c_and_d = torch.tensor([3, 4])
     nothing = WeakPreview(under_c_and_d[:0], torch.empty(0, 1))
     cheap = {"called": (), "strong_ms": 10.0}  # a call costs a tenth of a verification
@@ -467,7 +467,7 @@ def test_chain_tokens_are_scored_where_the_ngram_matched(tiny_self_pair):
     growth = Growth.start(7, torch.device("cpu"))
     proposal = method.loop.propose_weak(growth, 1)
     # "5 6 7" matched ending at position 2: the chain 8 9 5 6 7 follows; token j came after position 2 + j
-    assert proposal.tokens[:, :4].tolist() == [[8, 9, 5, 6]]
+    assert proposal.preview.tokens[:, :4].tolist() == [[8, 9, 5, 6]]
     logp = torch.log_softmax(logits, dim=-1)
     top = torch.topk(logp, TreeGraftConfig().top_w, dim=-1)
     wanted = [logp[2 + j, t] if t in top.indices[2 + j] else top.values[2 + j, -1] - 5.0 for j, t in enumerate((8, 9, 5, 6))]

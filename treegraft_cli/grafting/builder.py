@@ -8,7 +8,7 @@ Skip: every frontier parent not yet expanded by the weak drafter gets up to K n-
 whole chains (up to ``max_depth``). Only the chain heads of parents that found all K continuations
 form the next frontier: a parent that cannot reach K stops expanding, its chains stay. Every chain
 token is scored with the target's log-prob of it at its matched context position (``chain_logp``). A
-policy with ``previews_weak`` sees those scores before deciding (``SchedulerState.weak``): the
+policy that ``previews`` a layer sees those scores before deciding (``SchedulerState.weak``): the
 lookup is done once and reused when the layer skips.
 
 Call: one strong forward over the tree — every unforwarded node that has children (their children need
@@ -66,10 +66,6 @@ class WeakProposal:
 
     preview: WeakPreview  # parents [c], per-token target log-probs and tokens [c, width], on the tree's device
     full: list[int]  # parents that found all K continuations (their chain heads form the next frontier)
-
-    @property
-    def tokens(self) -> torch.Tensor:  # [c, width] 0-padded
-        return self.preview.tokens
 
     @property
     def empty(self) -> bool:
@@ -234,7 +230,7 @@ class LayerLoop:
         for level in range(logp.shape[1]):
             active = torch.isfinite(logp[:, level])
             scores = tree.scores[current[active]] + logp[active, level]
-            nodes = tree.add_children(current[active], proposal.tokens[active, level], scores, ORIGIN_NGRAM)
+            nodes = tree.add_children(current[active], proposal.preview.tokens[active, level], scores, ORIGIN_NGRAM)
             current[active] = nodes
             if level == 0:
                 heads = nodes

@@ -149,15 +149,14 @@ class CallPolicy(ABC):
     """Decides call/skip per layer; at most ``call_budget`` calls per step, none without a grafting position."""
 
     name = ""
-    previews_weak = False  # the layer loop looks up the weak chains before asking (SchedulerState.weak)
     uses_costs = False  # reads SchedulerState.costs: the method measures them at warm-up when not given
 
     def __init__(self, call_budget: int):
         self.call_budget = call_budget
 
     def previews(self, layer: int) -> bool:
-        """Whether the policy wants the weak preview before deciding ``layer``."""
-        return self.previews_weak
+        """Whether the layer loop should look up the weak chains before asking (``SchedulerState.weak``)."""
+        return False
 
     def observe(self, tree: DraftTree, accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """A verified step: ``accepted`` ``[a]`` root and accepted nodes, ``next_tokens`` ``[a]`` the target's token after each."""
@@ -235,7 +234,6 @@ class CostAwareRule(CallPolicy):
     """
 
     name = "cost-aware"
-    previews_weak = True
     uses_costs = True
 
     def __init__(self, call_budget: int, hit_rate: float, decay: float = 0.95):
@@ -243,6 +241,9 @@ class CostAwareRule(CallPolicy):
         self.hit_rate = hit_rate
         self.decay = decay
         self.calibration = AcceptanceCalibration()
+
+    def previews(self, layer: int) -> bool:
+        return True
 
     def observe(self, tree: DraftTree, accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
         self.calibration.observe(tree, accepted)
