@@ -502,3 +502,29 @@ def test_method_options_from_the_command_line():
         parse_method_options(["layers"])
     with pytest.raises(ConfigError):
         make_policy("sometimes", TreeGraftConfig())
+
+
+def test_costs_are_measured_once_per_set_of_models(tiny_self_pair, monkeypatch):
+    import treegraft_cli.methods.treegraft as treegraft_module
+
+    timed = []
+    real = treegraft_module.measure_costs
+
+    def counting(*args, **kwargs):
+        timed.append(args[3:])  # (budget, width)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(treegraft_module, "measure_costs", counting)
+    drafter, target = tiny_self_pair
+    measurements: dict = {}
+    for tokens in (4, NEW_TOKENS):  # a warm-up decoder, then the timed one
+        config = DecodeConfig(method="treegraft", tree=SMALL_TREE, max_new_tokens=tokens)
+        decoder = SpeculativeDecoder(CausalLM(target.model), config, drafter=CausalLM(drafter.model), measurements=measurements)
+        decoder.generate(repetitive_prompt(1))
+        assert decoder.method.costs.verify_ms > 0 and decoder.method.costs.strong_ms > 0
+    assert timed == [(SMALL_TREE.budget, SMALL_TREE.top_k)]
+    other = DecodeConfig(method="treegraft", tree=TreeConfig(budget=8, depth=3, top_k=2), max_new_tokens=4)
+    SpeculativeDecoder(CausalLM(target.model), other, drafter=CausalLM(drafter.model), measurements=measurements).generate(
+        repetitive_prompt(1)
+    )
+    assert timed[-1] == (8, 2)  # another tree shape is timed anew

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -77,6 +78,7 @@ class SpeculativeDecoder:
         drafter: CausalLM | None = None,
         eos_token_ids: Sequence[int] = (),
         backend: VerifyBackend | None = None,
+        measurements: dict[Any, Any] | None = None,  # shared by decoders on the same models (``Models``)
     ):
         self.target = target
         self.drafter = drafter
@@ -85,7 +87,7 @@ class SpeculativeDecoder:
         self.config = config
         self.eos_token_ids = set(int(t) for t in eos_token_ids)
         vocab_size = target.model.config.vocab_size
-        self.method: Method = create_method(config, Models(target, drafter, vocab_size))
+        self.method: Method = create_method(config, Models(target, drafter, vocab_size, {} if measurements is None else measurements))
         self.backend = backend or select_backend(config.kernels, target.device)
         self.generator = torch.Generator(device=target.device)
         self.generator.manual_seed(config.seed)

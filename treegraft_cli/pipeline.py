@@ -7,7 +7,8 @@ same way everywhere.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -25,6 +26,9 @@ DEFAULT_PAIR = "smollm2-135m@layers=8:smollm2-135m"
 class Pipeline:
     target: LoadedModel
     drafter: LoadedModel | None
+    # what methods measured on these models and this device, shared by every decoder built here
+    # (so a benchmark's warm-up pays for the cost measurement, not its timed run)
+    measurements: dict[Any, Any] = field(default_factory=dict)
 
     @classmethod
     def load(cls, pair: str, dtype: str = "bf16", device: str = "cpu", progress: Progress | None = None) -> Pipeline:
@@ -42,7 +46,11 @@ class Pipeline:
     def decoder(self, config: DecodeConfig) -> SpeculativeDecoder:
         drafter = CausalLM(self.drafter.model) if self.drafter is not None else None
         return SpeculativeDecoder(
-            CausalLM(self.target.model), config, drafter=drafter, eos_token_ids=self.target.eos_token_ids
+            CausalLM(self.target.model),
+            config,
+            drafter=drafter,
+            eos_token_ids=self.target.eos_token_ids,
+            measurements=self.measurements,
         )
 
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> torch.Tensor:

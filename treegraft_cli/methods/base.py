@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -51,6 +51,7 @@ class Models:
     target: CausalLM
     drafter: CausalLM | None = None
     vocab_size: int = 0
+    measurements: dict[Any, Any] = field(default_factory=dict)  # methods' measurements of these models, by key
 
 
 class Method(ABC):

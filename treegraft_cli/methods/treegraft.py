@@ -87,15 +87,22 @@ class TreeGraftMethod(Method):
         if self.strong is not None:
             self.strong.reset()
         if self.needs_costs:
+            self.costs = self.measured_costs(prefill.prompt_ids)
+
+    def measured_costs(self, prompt_ids: torch.Tensor) -> CostModel:  # prompt_ids: [prompt_length]
+        """The given costs, the rest timed once per set of models and tree shape (``Models.measurements``)."""
+        tree = self.config.tree
+        key = ("treegraft-costs", tree.budget, tree.top_k)
+        measured = self.models.measurements.get(key)
+        if measured is None:
             drafter = self.models.drafter.model if self.models.drafter is not None else None
-            measured = measure_costs(
-                self.models.target.model, drafter, prefill.prompt_ids[-COST_CONTEXT:], self.config.tree.budget, self.config.tree.top_k
-            )
-            self.costs = CostModel(
-                self.costs.verify_ms or measured.verify_ms,
-                self.costs.strong_ms or measured.strong_ms,
-                measured.verify_root_ms if not self.costs.verify_ms else 0.0,
-            )
+            measured = measure_costs(self.models.target.model, drafter, prompt_ids[-COST_CONTEXT:], tree.budget, tree.top_k)
+            self.models.measurements[key] = measured
+        return CostModel(
+            self.costs.verify_ms or measured.verify_ms,
+            self.costs.strong_ms or measured.strong_ms,
+            measured.verify_root_ms if not self.costs.verify_ms else 0.0,
+        )
 
     def draft(self, committed: torch.Tensor) -> DraftTree:
         return self.build(committed)[0]
