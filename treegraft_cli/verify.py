@@ -93,6 +93,8 @@ def argmax_choices(
     logits: torch.Tensor,  # [batch, nodes, vocab]
 ) -> torch.Tensor:  # [batch, nodes]
     """The greedy choice at every node: the first index of the largest logit."""
+    if logits.device.type == "cpu":  # a CPU argmax over bf16 is ~5x slower than over float32 (exact: same order)
+        logits = logits.float()
     return logits.argmax(dim=-1)
 
 
