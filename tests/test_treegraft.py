@@ -455,6 +455,21 @@ def test_step_rule_explores_after_a_run_of_weak_steps_and_tracks_strong_tau():
     assert rule.kinds["full"].tau == pytest.approx(0.5 * 3 + 0.5 * 5) and rule.kinds["full"].idle == 0
 
 
+def test_step_rule_does_not_interrupt_a_copy_to_explore_a_kind_that_cannot_win():
+    clock = FakeClock()
+    rule = StepRule(call_budget=5, hit_rate=0.8, short_layers=(), explore=2, clock=clock)
+    confident = WeakPreview(torch.tensor([0]), torch.full((1, 8), math.log(0.95)), torch.arange(1, 9)[None])
+    run_step(rule, clock, strong_chain(4), 2, 600.0)  # strong steps reach τ 2 in 600 ms here
+    copy = DraftTree.from_root(0)
+    for depth in range(8):
+        copy.add_children(torch.tensor([depth]), torch.tensor([depth + 1]), torch.tensor([-0.05 * (depth + 1)]), ORIGIN_NGRAM)
+    for _ in range(4):  # whole chains accepted in 300 ms: even τ 4 in 600 ms would not beat them
+        assert not run_step(rule, clock, copy, 9, 300.0, weak=confident)
+    assert rule.kinds["full"].idle == 4
+    rule.explore_upside = 100.0  # a kind that might win is explored
+    assert rule.decide(root_state(weak=confident))
+
+
 def test_chain_tokens_are_scored_where_the_ngram_matched(tiny_self_pair):
     drafter, target = tiny_self_pair
     models = Models(CausalLM(target.model), CausalLM(drafter.model), 256)

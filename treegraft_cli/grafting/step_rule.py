@@ -40,8 +40,9 @@ strong drafter idle.
 Measuring on this device and this text adapts the rule to both: the strong drafter runs where it is
 right for long stretches (code), the n-gram chains where the text copies its context (summaries,
 long-context QA), and a long context that slows verification shows in T. So that each τ keeps
-tracking the text, a strong kind not chosen for ``explore`` steps is chosen next (unless it would
-catch up on the prompt). T is wall time, so two runs may decide differently; what they output does
+tracking the text, a strong kind not chosen for ``explore`` steps is chosen next, unless it would
+catch up on the prompt or could not win even at ``explore_upside`` times its τ (a weak step that
+copies whole chains is not interrupted to re-measure strong steps that cannot beat it). T is wall time, so two runs may decide differently; what they output does
 not differ, every tree is verified. Tests pass a fake ``clock``.
 """
 
@@ -133,6 +134,7 @@ class StepRule(CallPolicy):
         layers: tuple[int, ...] = (),  # a full strong step's called layers; () = 1..D−1
         short_layers: tuple[int, ...] = (1,),  # a short strong step's; () = no short steps
         explore: int = 8,
+        explore_upside: float = 2.0,
         max_lag: int = 64,
         catch_up_horizon: float = 8.0,
         strong_decay: float = 0.8,
@@ -144,6 +146,7 @@ class StepRule(CallPolicy):
         self.short_layers = short_layers
         self.hit_rate = hit_rate
         self.explore = explore
+        self.explore_upside = explore_upside
         self.max_lag = max_lag
         self.catch_up_horizon = catch_up_horizon
         self.catch_up_ms_per_token = 0.0  # measured on the catch-up steps
@@ -190,16 +193,20 @@ class StepRule(CallPolicy):
         strong = [kind for kind in kinds.values() if kind.layers]
         if self.ms <= 0:
             return kinds["full"]
-        stale = max(strong, key=lambda kind: kind.idle)
-        if stale.idle >= self.explore and not catch_up:
-            return stale
         costs = state.costs
         extra = state.strong_lag * self.catch_up_ms_per_token / self.catch_up_horizon if catch_up else 0.0
-        values = {"weak": self.weak_outcomes.expected(self.estimate) - self.rate * self.weak_ms(costs, weak_nodes, state.budget)}
+        weak_value = self.weak_outcomes.expected(self.estimate) - self.rate * self.weak_ms(costs, weak_nodes, state.budget)
+        values, times = {"weak": weak_value}, {}
         for kind in strong:
             modelled = costs.verify_at(state.budget, state.budget) + len(kind.layers) * costs.strong_ms
-            values[kind.name] = self.strong_tau(kind) - self.rate * (kind.mean_ms(modelled) + extra)
-        return kinds[max(values, key=values.get)]
+            times[kind.name] = kind.mean_ms(modelled) + extra
+            values[kind.name] = self.strong_tau(kind) - self.rate * times[kind.name]
+        best = max(values, key=values.get)
+        stale = max(strong, key=lambda kind: kind.idle)
+        upside = self.explore_upside * self.strong_tau(stale) - self.rate * times[stale.name]
+        if stale.idle >= self.explore and not catch_up and upside > values[best]:
+            return stale
+        return kinds[best]
 
     def weak_ms(self, costs: CostModel, nodes: int, budget: int) -> float:
         """T_weak for a tree of ``nodes``: the measured mean moved along the modelled verification slope."""
