@@ -87,7 +87,8 @@ class SpeculativeDecoder:
         self.config = config
         self.eos_token_ids = set(int(t) for t in eos_token_ids)
         vocab_size = target.model.config.vocab_size
-        self.method: Method = create_method(config, Models(target, drafter, vocab_size, {} if measurements is None else measurements))
+        shared = {} if measurements is None else measurements
+        self.method: Method = create_method(config, Models(target, drafter, vocab_size, shared))
         self.backend = backend or select_backend(config.kernels, target.device)
         self.generator = torch.Generator(device=target.device)
         self.generator.manual_seed(config.seed)

@@ -42,8 +42,9 @@ right for long stretches (code), the n-gram chains where the text copies its con
 long-context QA), and a long context that slows verification shows in T. So that each τ keeps
 tracking the text, a strong kind not chosen for ``explore`` steps is chosen next, unless it would
 catch up on the prompt or could not win even at ``explore_upside`` times its τ (a weak step that
-copies whole chains is not interrupted to re-measure strong steps that cannot beat it). T is wall time, so two runs may decide differently; what they output does
-not differ, every tree is verified. Tests pass a fake ``clock``.
+copies whole chains is not interrupted to re-measure strong steps that cannot beat it). T is wall
+time, so two runs may decide differently; what they output does not differ, every tree is verified.
+Tests pass a fake ``clock``.
 """
 
 from __future__ import annotations
@@ -195,8 +196,8 @@ class StepRule(CallPolicy):
             return kinds["full"]
         costs = state.costs
         extra = state.strong_lag * self.catch_up_ms_per_token / self.catch_up_horizon if catch_up else 0.0
-        weak_value = self.weak_outcomes.expected(self.estimate) - self.rate * self.weak_ms(costs, weak_nodes, state.budget)
-        values, times = {"weak": weak_value}, {}
+        weak_ms = self.weak_ms(costs, weak_nodes, state.budget)
+        values, times = {"weak": self.weak_outcomes.expected(self.estimate) - self.rate * weak_ms}, {}
         for kind in strong:
             modelled = costs.verify_at(state.budget, state.budget) + len(kind.layers) * costs.strong_ms
             times[kind.name] = kind.mean_ms(modelled) + extra

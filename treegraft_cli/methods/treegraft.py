@@ -96,7 +96,8 @@ class TreeGraftMethod(Method):
         measured = self.models.measurements.get(key)
         if measured is None:
             drafter = self.models.drafter.model if self.models.drafter is not None else None
-            measured = measure_costs(self.models.target.model, drafter, prompt_ids[-COST_CONTEXT:], tree.budget, tree.top_k)
+            context = prompt_ids[-COST_CONTEXT:]
+            measured = measure_costs(self.models.target.model, drafter, context, tree.budget, tree.top_k)
             self.models.measurements[key] = measured
         return CostModel(
             self.costs.verify_ms or measured.verify_ms,
