@@ -9,7 +9,7 @@ import torch
 from typer.testing import CliRunner
 
 from treegraft_cli.bench import SCHEMA, check_against, suite_questions
-from treegraft_cli.bench.lossless import EXACT, MISMATCH, TIE, check_turn
+from treegraft_cli.bench.lossless import EXACT, MISMATCH, TIE, check_turn, judge_divergence
 from treegraft_cli.cli import app
 from treegraft_cli.errors import ConfigError
 
@@ -93,9 +93,25 @@ def test_lossless_check_tells_ties_from_mismatches(tiny_self_pair):
     gap = float(logits[best] - logits[second])
     assert check_turn(target, prompt, [best, 1], [best, 1], 0.0).status == EXACT
     assert check_turn(target, prompt, [best], [second], 0.0).status == MISMATCH  # fp32: any divergence fails
-    assert check_turn(target, prompt, [best], [second], gap + 1).status == TIE
+    tie = check_turn(target, prompt, [best], [second], gap + 1)
+    assert tie.status == TIE and tie.distances == pytest.approx((0.0, gap), abs=1e-5) and tie.ranks == (1, 2)
     third = torch.topk(logits, 3).indices[2].item()
-    assert check_turn(target, prompt, [best], [third], 1e9).status == MISMATCH  # not one of the top two
+    far = float(logits[best] - logits[third])
+    assert check_turn(target, prompt, [best], [third], far / 2).status == MISMATCH  # third token beyond the tolerance
+    assert check_turn(target, prompt, [best, 1], [best], 1e9).status == MISMATCH  # one stopped early: never a tie
+
+
+def test_three_way_near_tie_is_judged_by_distance_from_the_best():
+    logits = torch.full((10,), -5.0)
+    logits[[2, 5, 7]] = torch.tensor([12.0, 11.875, 11.75])  # three near-equal tokens, bf16 steps apart
+    tie = judge_divergence(logits, 5, 7, tolerance=0.5, position=8)
+    assert tie.status == TIE and tie.position == 8
+    assert tie.distances == pytest.approx((0.125, 0.25)) and tie.ranks == (2, 3)
+    assert tie.gap == pytest.approx(0.125)  # top-1 minus top-2, kept for compatibility
+    assert judge_divergence(logits, 2, 7, tolerance=0.2).status == MISMATCH  # 0.25 from the best: beyond 0.2
+    assert judge_divergence(logits, 2, 0, tolerance=0.5).distances == pytest.approx((0.0, 17.0))
+    assert judge_divergence(logits, 2, 0, tolerance=0.5).status == MISMATCH
+    assert judge_divergence(logits, 2, 5, tolerance=0.0).status == MISMATCH  # fp32: no ties at all
 
 
 def test_bad_inputs_give_clear_errors(tmp_path, monkeypatch):

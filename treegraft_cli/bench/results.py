@@ -118,11 +118,14 @@ def method_result(record: ContenderRecord, baseline: ContenderRecord) -> dict[st
     return result
 
 
-def failures(records: Sequence[ContenderRecord]) -> list[dict[str, Any]]:
+def divergences(records: Sequence[ContenderRecord], status: str) -> list[dict[str, Any]]:
+    """Every turn with verdict ``status``: where it diverged from ``ar`` and how far each token was from the best."""
     return [
         {"method": r.name, "benchmark": q.question.benchmark, "question_id": q.question.question_id, "turn": i,
-         "position": t.check.position, "gap": t.check.gap}
-        for r in records for q in r.questions for i, t in enumerate(q.turns) if t.check.status == MISMATCH
+         "position": t.check.position, "gap": t.check.gap,
+         "distances": list(t.check.distances) if t.check.distances else None,
+         "ranks": list(t.check.ranks) if t.check.ranks else None}
+        for r in records for q in r.questions for i, t in enumerate(q.turns) if t.check.status == status
     ]
 
 
@@ -143,7 +146,8 @@ def build_results(records: Sequence[ContenderRecord], meta: dict[str, Any]) -> d
         "baseline": BASELINE,
         "environment": environment(meta.get("device", "cpu")),
         "lossless": None if None in verdicts else all(verdicts),
-        "failures": failures(records),
+        "failures": divergences(records, MISMATCH),
+        "ties": divergences(records, TIE),
         "methods": methods,
     }
 

@@ -78,9 +78,7 @@ def bench(
     console.bench_report(results)
     failed = False
     for failure in results["failures"]:
-        console.error(f"not lossless: {failure['method']} on {failure['benchmark']} question {failure['question_id']} "
-                      f"turn {failure['turn'] + 1}, token {failure['position']} (top-2 gap {failure['gap']})",
-                      "a real mismatch with ar: the method is not lossless on this prompt")
+        console.lossless_failure(failure, tolerance_ties)
         failed = True
     line = summary(results, path)
     if reference is not None:

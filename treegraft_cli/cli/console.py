@@ -88,6 +88,20 @@ def counter_progress() -> Iterator[Any]:
         yield update
 
 
+def lossless_failure(failure: dict[str, Any], tolerance: float) -> None:
+    """One not-lossless turn: where it parted from ar, and how far each token was from the target's best logit."""
+    where = (f"not lossless: {failure['method']} on {failure['benchmark']} question {failure['question_id']} "
+             f"turn {failure['turn'] + 1}, token {failure['position']}")
+    distances = failure.get("distances")
+    if distances:
+        ranks = failure.get("ranks") or ["?", "?"]
+        where += (f" (distance from the best logit: ar's token {distances[0]:.3g} (rank {ranks[0]}), "
+                  f"{failure['method']}'s {distances[1]:.3g} (rank {ranks[1]}); tie tolerance {tolerance:g})")
+    else:
+        where += " (one output stopped where the other went on)"
+    error(where, "a real mismatch with ar: the method is not lossless on this prompt")
+
+
 def _verdict(method: dict[str, Any]) -> str:
     if method["lossless"] is None:
         return "n/a (sampling)"
