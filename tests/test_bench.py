@@ -61,7 +61,9 @@ def test_answers_are_spec_bench_format(bench_run):
     _, out, _, _ = bench_run
     for method in ("ar", "dense", "hf-lookup"):
         lines = [json.loads(line) for line in (out / "answers" / f"{method}.jsonl").read_text().splitlines()]
-        assert [line["question_id"] for line in lines] == [7, 81]
+        assert [line["question_id"] for line in lines] == ["qa/7", "mt/81"]
+        assert [line["source_question_id"] for line in lines] == [7, 81]
+        assert [line["category"] for line in lines] == ["qa", "writing"]
         choice = lines[1]["choices"][0]
         assert len(choice["turns"]) == 2 and len(choice["new_tokens"]) == 2 and len(choice["wall_time"]) == 2
         assert all(n <= 6 for n in choice["new_tokens"]) and isinstance(choice["accept_lengths"], list)

@@ -1,7 +1,9 @@
 """What bench runs side by side: every registered method, and transformers' own accelerators as peers.
 
 A contender has ``generate(prompt_ids) -> Generation``, so bench times and records them all the same
-way. Peers (``hf-assisted``, ``hf-lookup``) run ``model.generate``; their per-step statistics are
+way, and ``reset()``, which forgets what earlier questions taught it (``carried_state`` says what that
+is: a method's ``Method.carried_state``; for ``hf-assisted`` the assistant's candidate count when its
+generation config uses transformers' heuristic schedule). Peers (``hf-assisted``, ``hf-lookup``) run ``model.generate``; their per-step statistics are
 recovered from forward hooks on the target and the drafter:
 
 * one step = one target forward after the first (the first forward is the prefill, which for
@@ -25,6 +27,8 @@ from ..config import DecodeConfig
 from ..engine import Generation, StepStats
 from ..errors import ConfigError
 from ..methods import METHODS, method_names
+from ..methods.base import resolve_method
+from ..models.registry import parse_pair, resolve
 from ..pipeline import Pipeline
 
 
@@ -64,6 +68,36 @@ def check_names(names: list[str]) -> None:
         raise ConfigError(f"unknown method(s) {', '.join(unknown)}", f"choose from: {', '.join(contender_names())}")
 
 
+@dataclass(frozen=True)
+class PairShape:
+    """What a pair offers the contenders, known from its name before any model loads."""
+
+    has_drafter: bool
+    lm_drafter: bool  # the drafter is a causal LM (transformers' assisted generation can use it)
+
+    @classmethod
+    def of(cls, pair: str) -> PairShape:
+        drafter, _ = parse_pair(pair)
+        return cls(bool(drafter), bool(drafter) and not resolve(drafter).eagle3)
+
+
+def check_config(config: DecodeConfig, shape: PairShape) -> None:
+    """Everything about one contender that can fail without a model: name, argument, options, drafter."""
+    if config.method in PEERS:
+        if PEERS[config.method].needs_drafter and not shape.lm_drafter:
+            raise ConfigError(f"peer {config.method!r} needs a drafter that is a causal LM",
+                              "pass --pair DRAFTER:TARGET with a small LM drafter")
+        if not config.sampling.greedy:
+            raise ConfigError(f"peer {config.method!r} is benchmarked greedy only", "use --temperature 0, or drop it from --methods")
+        if config.method_options:
+            raise ConfigError(f"peer {config.method!r} takes no options", f"remove the options given for {config.method}")
+        return
+    cls, resolved = resolve_method(config)
+    cls.parse_options(resolved.method_options, f"{config.method} options")
+    if cls.needs_drafter and not shape.has_drafter:
+        raise ConfigError(f"method {config.method!r} needs a model drafter", "pass --pair DRAFTER:TARGET, or drop it from --methods")
+
+
 class MethodContender:
     """A registered method run by the speculative decoder."""
 
@@ -73,6 +107,10 @@ class MethodContender:
         self.name = config.method
         self.config = config
         self.decoder = pipeline.decoder(config)  # builds the method now: bad options fail before any timing
+        self.carried_state = self.decoder.method.carried_state
+
+    def reset(self) -> None:
+        self.decoder.method.reset()
 
     def generate(self, prompt_ids: torch.Tensor) -> Generation:  # prompt_ids: [prompt_length]
         return self.decoder.generate(prompt_ids)
@@ -109,6 +147,15 @@ class PeerContender:
         self.drafter = pipeline.drafter.model if peer.needs_drafter else None
         self._log = _ForwardLog()
         self._started = 0.0
+        # transformers' "heuristic" schedule carries the assistant's candidate count from one generate to the next
+        config_of = self.drafter.generation_config if self.drafter is not None else None
+        heuristic = config_of is not None and config_of.num_assistant_tokens_schedule == "heuristic"
+        self.carried_state = "the assistant's candidate count (heuristic schedule)" if heuristic else ""
+        self._initial_candidates = config_of.num_assistant_tokens if heuristic else None
+
+    def reset(self) -> None:
+        if self._initial_candidates is not None:
+            self.drafter.generation_config.num_assistant_tokens = self._initial_candidates
 
     def _sync(self) -> None:
         if self.target.device.type == "cuda":

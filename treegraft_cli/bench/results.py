@@ -1,15 +1,30 @@
-"""Bench results: the ``results.json`` schema, Spec-Bench answer files, and atomic writes.
+"""Bench results: the ``results.json`` document (schema below) built from the contenders' records.
 
 ``results.json`` (schema ``treegraft.bench/1``; keys are only ever added, never renamed)::
 
     schema, created, pair, profile, dtype, device, benchmarks, num_questions, max_new_tokens,
-    temperature, tie_tolerance, baseline ("ar"), environment {python, torch, transformers, treegraft, device_name},
+    temperature, tie_tolerance, baseline ("ar"),
+    repeats             question runs per question (each: ar, then every other contender)
+    question_runs       finished question runs (questions × repeats when complete)
+    resumed_question_runs  of those, restored from an interrupted earlier process (timed there)
+    state_between_questions  "reset" (every contender forgets earlier questions) | "carry"
+    bootstrap           {resamples, seed, level}: how the speedup intervals were drawn (bench/stats.py)
+    environment         {python, torch, transformers, treegraft, device_name, cpu_count, torch_threads,
+                         cpus_available, machine_load: {start, end}: {torch_threads, cpus, load_average,
+                         busy: [{pid, name, cores}], free_cores}}
+    partial             true only in results.partial.json (an interrupted run), with ``interrupted``
     lossless            all contenders lossless (null at temperature > 0: not checked)
-    failures            [{method, benchmark, question_id, turn, position, gap}] mismatches, each a failure
+    failures            [{method, benchmark, question_id, turn, position, gap, distances, ranks}] mismatches
+    ties                the same fields for every turn judged a tie (bench/lossless.py): gap is the target's
+                        top-1 minus top-2 logit, distances / ranks are ar's and the method's token's
     methods: {NAME: {
         kind            "method" (a registered treegraft method) | "peer" (transformers' own)
         config          the DecodeConfig it ran with
-        speedup         tokens_per_s / ar's tokens_per_s (same questions, same process)
+        carried_state   what it keeps between questions ("" nothing); reset per question unless "carry"
+        speedup         pooled tokens/s over ar's pooled tokens/s (same questions, interleaved)
+        speedup_ci      [low, high] 95 % bootstrap interval of speedup over questions (null: no data)
+        speedup_same_text     speedup over only the turns whose text equals ar's (null: none)
+        speedup_same_text_ci  its interval; same_text_turns / turns: how many turns that is, of all
         tau             mean accepted length per step (accepted draft tokens + bonus; ar: 1)
         tokens_per_s    new tokens / wall seconds, over all turns
         new_tokens, wall_s, steps
@@ -19,35 +34,37 @@
         drafter_calls_per_step  {drafter: calls / steps}
         time_split      {prefill_s, draft_s, verify_s, host_s} summed over turns, plus host_overhead_s
                         (step time outside any model forward; overlaps draft_s and host_s)
-        peak_memory_mb  CUDA peak allocated (reset per contender); CPU: process peak RSS so far
-        per_benchmark: {BENCHMARK: {speedup, tau, tokens_per_s, new_tokens, wall_s, steps, lossless,
-                                    ties, mismatches, acceptance_by_depth}}
+        peak_memory_mb  CUDA peak allocated (reset per question run, max kept); CPU: process peak RSS so far
+        per_benchmark: {BENCHMARK: {speedup, speedup_ci, speedup_same_text, same_text_turns, turns, tau,
+                                    tokens_per_s, new_tokens, wall_s, steps, lossless, ties, mismatches,
+                                    acceptance_by_depth}}
     }}
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import platform
 import time
-import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from pathlib import Path
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 import transformers
 
 from .. import __version__
-from ..atomic import atomic_write_text
 from ..engine import StepStats
-from .lossless import AFTER_DIVERGENCE, MISMATCH, TIE, UNCHECKED
-from .runner import BASELINE, ContenderRecord, TurnRecord
+from .journal import config_dict
+from .lossless import AFTER_DIVERGENCE, MISMATCH, TIE
+from .machine import usable_cpus
+from .records import ContenderRecord, QuestionRecord, TurnRecord
+from .runner import BASELINE
+from .stats import LEVEL, RESAMPLES, SEED, PerQuestion, bootstrap_interval, pooled_speedup
 
 SCHEMA = "treegraft.bench/1"
+
+Pairs = Sequence[tuple[QuestionRecord, QuestionRecord]]  # (the method's, ar's) per question run
 
 
 def _steps(turns: Iterable[TurnRecord]) -> list[StepStats]:
@@ -81,20 +98,48 @@ def _aggregate(turns: list[TurnRecord], depth: int, greedy: bool) -> dict[str, A
     }
 
 
-def _config_dict(config) -> dict[str, Any]:
-    values = dataclasses.asdict(config)
-    values["method_options"] = dict(config.method_options)
-    return values
+def per_question(pairs: Pairs, same_text: bool = False) -> PerQuestion:
+    """The method's and ar's sums per question (turns and repeats pooled); ``same_text``: only turns whose
+    text equals ar's."""
+    sums: dict[tuple[str, str], list[float]] = {}
+    for mine, base in pairs:
+        row = sums.setdefault((mine.question.benchmark, str(mine.question.question_id)), [0.0, 0.0, 0.0, 0.0])
+        for a, b in zip(mine.turns, base.turns, strict=True):
+            if same_text and a.text != b.text:
+                continue
+            for i, value in enumerate((a.generation.new_tokens, a.generation.wall_s,
+                                       b.generation.new_tokens, b.generation.wall_s)):
+                row[i] += value
+    return PerQuestion.of(list(sums.values()))
+
+
+def speedups(pairs: Pairs) -> dict[str, Any]:
+    """speedup with its interval, and the same over the turns whose text equals ar's."""
+    everything, same = per_question(pairs), per_question(pairs, same_text=True)
+    same_turns = sum(a.text == b.text for mine, base in pairs for a, b in zip(mine.turns, base.turns, strict=True))
+    same_speedup = pooled_speedup(same) if same_turns else 0.0
+    return {
+        "speedup": pooled_speedup(everything),
+        "speedup_ci": _rounded(bootstrap_interval(everything)),
+        "speedup_same_text": same_speedup or None,
+        "speedup_same_text_ci": _rounded(bootstrap_interval(same)) if same_turns else None,
+        "same_text_turns": same_turns,
+        "turns": sum(len(mine.turns) for mine, _ in pairs),
+    }
+
+
+def _rounded(interval: tuple[float, float] | None) -> list[float] | None:
+    return [round(interval[0], 6), round(interval[1], 6)] if interval else None
 
 
 def method_result(record: ContenderRecord, baseline: ContenderRecord) -> dict[str, Any]:
     greedy = record.config.sampling.greedy
     depth = record.config.tree.depth
     turns = [t for q in record.questions for t in q.turns]
-    result = {"kind": record.kind, "config": _config_dict(record.config)}
+    pairs = list(zip(record.questions, baseline.questions, strict=True))
+    result = {"kind": record.kind, "config": config_dict(record.config), "carried_state": record.carried_state}
     result.update(_aggregate(turns, depth, greedy))
-    base = _aggregate([t for q in baseline.questions for t in q.turns], depth, greedy)
-    result["speedup"] = result["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else 0.0
+    result.update(speedups(pairs))
     steps = _steps(turns)
     calls: dict[str, int] = defaultdict(int)
     for step in steps:
@@ -109,11 +154,10 @@ def method_result(record: ContenderRecord, baseline: ContenderRecord) -> dict[st
     result["peak_memory_mb"] = record.peak_memory_bytes / 2**20
     result["per_benchmark"] = {}
     for benchmark in dict.fromkeys(q.question.benchmark for q in record.questions):
-        mine = [t for q in record.questions if q.question.benchmark == benchmark for t in q.turns]
-        theirs = [t for q in baseline.questions if q.question.benchmark == benchmark for t in q.turns]
-        entry = _aggregate(mine, depth, greedy)
-        base_tps = _aggregate(theirs, depth, greedy)["tokens_per_s"]
-        entry["speedup"] = entry["tokens_per_s"] / base_tps if base_tps else 0.0
+        mine = [(a, b) for a, b in pairs if a.question.benchmark == benchmark]
+        entry = _aggregate([t for a, _ in mine for t in a.turns], depth, greedy)
+        entry.update(speedups(mine))
+        entry.pop("speedup_same_text_ci")
         result["per_benchmark"][benchmark] = entry
     return result
 
@@ -122,15 +166,18 @@ def divergences(records: Sequence[ContenderRecord], status: str) -> list[dict[st
     """Every turn with verdict ``status``: where it diverged from ``ar`` and how far each token was from the best."""
     return [
         {"method": r.name, "benchmark": q.question.benchmark, "question_id": q.question.question_id, "turn": i,
-         "position": t.check.position, "gap": t.check.gap,
+         "repeat": q.repeat, "position": t.check.position, "gap": t.check.gap,
          "distances": list(t.check.distances) if t.check.distances else None,
          "ranks": list(t.check.ranks) if t.check.ranks else None}
         for r in records for q in r.questions for i, t in enumerate(q.turns) if t.check.status == status
     ]
 
 
-def build_results(records: Sequence[ContenderRecord], meta: dict[str, Any]) -> dict[str, Any]:
-    """The results.json document; ``meta`` carries pair, profile, dtype, device, tie_tolerance ..."""
+def build_results(records: Sequence[ContenderRecord], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The results.json document; ``meta`` carries pair, profile, dtype, device, tie_tolerance, repeats,
+    state_between_questions, machine_load ..."""
+    meta = dict(meta)
+    machine_load = meta.pop("machine_load", {})
     baseline = next(r for r in records if r.name == BASELINE)
     methods = {r.name: method_result(r, baseline) for r in records}
     verdicts = [m["lossless"] for m in methods.values()]
@@ -140,11 +187,14 @@ def build_results(records: Sequence[ContenderRecord], meta: dict[str, Any]) -> d
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **meta,
         "benchmarks": list(dict.fromkeys(q.question.benchmark for q in baseline.questions)),
-        "num_questions": len(baseline.questions),
+        "num_questions": len({(q.question.benchmark, str(q.question.question_id)) for q in baseline.questions}),
+        "question_runs": len(baseline.questions),
+        "resumed_question_runs": sum(q.resumed for q in baseline.questions),
         "max_new_tokens": first.max_new_tokens,
         "temperature": first.sampling.temperature,
         "baseline": BASELINE,
-        "environment": environment(meta.get("device", "cpu")),
+        "bootstrap": {"resamples": RESAMPLES, "seed": SEED, "level": LEVEL},
+        "environment": environment(meta.get("device", "cpu"), machine_load),
         "lossless": None if None in verdicts else all(verdicts),
         "failures": divergences(records, MISMATCH),
         "ties": divergences(records, TIE),
@@ -152,55 +202,22 @@ def build_results(records: Sequence[ContenderRecord], meta: dict[str, Any]) -> d
     }
 
 
-def environment(device: str) -> dict[str, Any]:
+def environment(device: str, machine_load: Mapping[str, Any] | None = None) -> dict[str, Any]:
     name = torch.cuda.get_device_name(0) if device != "cpu" and torch.cuda.is_available() else platform.processor()
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "treegraft": __version__, "device_name": name or platform.machine(), "cpu_count": os.cpu_count()}
+            "treegraft": __version__, "device_name": name or platform.machine(), "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "cpus_available": usable_cpus(),
+            "machine_load": dict(machine_load or {})}
 
 
-def answer_lines(record: ContenderRecord) -> list[dict[str, Any]]:
-    """Spec-Bench answer records: one per question, ``choices[0]`` with per-turn lists."""
-    lines = []
-    for q in record.questions:
-        gens = [t.generation for t in q.turns]
-        lines.append({
-            "question_id": q.question.question_id,
-            "benchmark": q.question.benchmark,
-            "category": q.question.category,
-            "answer_id": uuid.uuid4().hex,
-            "model_id": record.name,
-            "choices": [{
-                "index": 0,
-                "turns": [t.text for t in q.turns],
-                "decoding_steps": [len(g.steps) for g in gens],
-                "new_tokens": [g.new_tokens for g in gens],
-                "wall_time": [g.wall_s for g in gens],
-                "accept_lengths": [s.accepted_length for g in gens for s in g.steps],
-                "lossless": [t.check.status for t in q.turns if t.check.status != UNCHECKED],
-            }],
-            "tstamp": time.time(),
-        })
-    return lines
-
-
-def write_outputs(out_dir: Path, results: dict[str, Any], records: Sequence[ContenderRecord]) -> Path:
-    """``DIR/results.json`` and ``DIR/answers/<method>.jsonl``, each written atomically."""
-    out_dir = Path(out_dir)
-    for record in records:
-        text = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in answer_lines(record))
-        atomic_write_text(out_dir / "answers" / f"{record.name}.jsonl", text)
-    path = out_dir / "results.json"
-    atomic_write_text(path, json.dumps(results, indent=2, ensure_ascii=False) + "\n")
-    return path
-
-
-def summary(results: dict[str, Any], path: Path) -> dict[str, Any]:
+def summary(results: dict[str, Any], path: Any) -> dict[str, Any]:
     """The compact one-line summary bench prints last."""
     return {
         "results": str(path),
         "lossless": results["lossless"],
         "methods": {
-            name: {"speedup": round(m["speedup"], 4), "tau": round(m["tau"], 4), "lossless": m["lossless"]}
+            name: {"speedup": round(m["speedup"], 4), "speedup_ci": m.get("speedup_ci"), "tau": round(m["tau"], 4),
+                   "lossless": m["lossless"]}
             for name, m in results["methods"].items()
         },
     }

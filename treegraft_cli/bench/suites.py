@@ -1,7 +1,9 @@
-"""Benchmark suites: the six prompt files in ``../shared/data`` (or ``$TREEGRAFT_DATA``), and any FastChat file.
+"""Benchmark suites: the six prompt files shipped in the package (``treegraft_cli/bench/data``, or
+``$TREEGRAFT_DATA``), any FastChat / Spec-Bench question file, and datasets (``hf:NAME[:split]``, ``bench/hub.py``).
 
 A prompt file holds one JSON object a line, ``{"question_id", "category", "turns": [str, ...]}``.
 Multi-turn questions (MT-Bench) are decoded as one conversation: turn 2 sees turn 1 and its answer.
+A Spec-Bench ``question.jsonl`` is such a file; its categories are kept as they are.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -17,6 +20,14 @@ from ..errors import ConfigError
 BENCHMARKS = ("mt_bench", "gsm8k", "humaneval", "alpaca", "cnn_dm", "qa")
 QUICK_PROMPTS = 2  # prompts per benchmark in the `quick` suite
 DATA_ENV = "TREEGRAFT_DATA"
+HUB_PREFIX = "hf:"
+
+
+# Spec-Bench's evaluation/speed.py selects a task by category: MT-Bench's eight categories (writing, math,
+# coding, ...) form its task "mt_bench", every other task is one category. Each shipped benchmark gets the
+# Spec-Bench task name where one exists, else its own name, so that no two benchmarks share a task.
+SPEC_BENCH_CATEGORY = {"gsm8k": "math_reasoning", "cnn_dm": "summarization", "qa": "qa",
+                       "humaneval": "humaneval", "alpaca": "alpaca"}
 
 
 @dataclass(frozen=True)
@@ -29,16 +40,15 @@ class Question:
     turns: tuple[str, ...]
 
 
+def spec_bench_category(question: Question) -> str:
+    """The category Spec-Bench's speed.py files this question under (MT-Bench keeps its own eight)."""
+    return SPEC_BENCH_CATEGORY.get(question.benchmark) or question.category or question.benchmark
+
+
 def data_dir() -> Path:
-    """``$TREEGRAFT_DATA``, else the nearest ``shared/data`` at or above the repository root (``../shared/data``
-    for a clone beside shared/); a clear error if missing."""
+    """``$TREEGRAFT_DATA``, else the six files shipped in the package; a clear error if missing."""
     override = os.environ.get(DATA_ENV)
-    if override:
-        path = Path(override).expanduser()
-    else:
-        root = Path(__file__).resolve().parents[2]
-        candidates = [parent / "shared" / "data" for parent in (root, *root.parents)]
-        path = next((c for c in candidates if c.is_dir()), root.parent / "shared" / "data")
+    path = Path(override).expanduser() if override else Path(str(resources.files(__package__) / "data"))
     if not path.is_dir():
         raise ConfigError(
             f"benchmark data directory {path} does not exist",
@@ -78,7 +88,8 @@ def load_questions(path: Path, benchmark: str | None = None, limit: int | None =
 def suite_questions(
     suite: str = "quick", prompt_files: Sequence[Path] = (), num_prompts: int | None = None
 ) -> list[Question]:
-    """The questions of a suite: ``quick`` (QUICK_PROMPTS per benchmark), ``full`` (all), or ``NAME,NAME``.
+    """The questions of a suite: ``quick`` (QUICK_PROMPTS per benchmark), ``full`` (all), ``NAME,NAME``, or
+    ``hf:NAME[@CONFIG][:SPLIT]`` (a dataset, ``bench/hub.py``).
 
     ``prompt_files`` replace the suite. ``num_prompts`` caps the questions taken from each file.
     """
@@ -86,6 +97,10 @@ def suite_questions(
         raise ConfigError(f"--num-prompts {num_prompts} < 1", "pass --num-prompts 1 or more")
     if prompt_files:
         return [q for path in prompt_files for q in load_questions(Path(path), limit=num_prompts)]
+    if suite.startswith(HUB_PREFIX):
+        from .hub import dataset_questions  # imports `datasets`: only when asked for
+
+        return dataset_questions(suite[len(HUB_PREFIX):], num_prompts)
     names = suite_benchmarks(suite)
     limit = num_prompts if num_prompts is not None else (QUICK_PROMPTS if suite == "quick" else None)
     root = data_dir()
@@ -100,6 +115,6 @@ def suite_benchmarks(suite: str) -> list[str]:
     if unknown or not names:
         raise ConfigError(
             f"unknown suite or benchmark {', '.join(unknown) or repr(suite)}",
-            f"use quick, full, or a comma list of: {', '.join(BENCHMARKS)}",
+            f"use quick, full, hf:DATASET[:SPLIT], or a comma list of: {', '.join(BENCHMARKS)}",
         )
     return names

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -77,7 +78,19 @@ def task_progress(description: str, total: int) -> Iterator[Any]:
 
 @contextmanager
 def counter_progress() -> Iterator[Any]:
-    """A progress bar driven by ``update(description, done, total)`` calls (the core's progress protocol)."""
+    """A progress display driven by ``update(description, done, total)`` calls (the core's progress protocol):
+    a Rich bar on a terminal; one plain line per call otherwise (a log or CI shows the run is alive)."""
+    if not sys.stderr.isatty():
+        started = time.monotonic()
+
+        def line(description: str, done: int, total: int) -> None:
+            elapsed = time.monotonic() - started
+            left = f", about {duration(elapsed / done * (total - done))} left" if 0 < done < total else ""
+            sys.stderr.write(f"[{done}/{total}] {description} ({duration(elapsed)} elapsed{left})\n")
+            sys.stderr.flush()
+
+        yield line
+        return
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeRemainingColumn(), console=stderr, transient=True) as bar:
         task = bar.add_task("starting", total=1)
@@ -86,6 +99,16 @@ def counter_progress() -> Iterator[Any]:
             bar.update(task, description=description, completed=done, total=total)
 
         yield update
+
+
+def duration(seconds: float) -> str:
+    """``42s``, ``7m05s``, ``2h03m``."""
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def lossless_failure(failure: dict[str, Any], tolerance: float) -> None:
@@ -110,6 +133,17 @@ def _verdict(method: dict[str, Any]) -> str:
     return f"yes ({method['ties']} ties)" if method["ties"] else "yes"
 
 
+def _speedup(m: dict[str, Any]) -> str:
+    interval = m.get("speedup_ci")
+    return f"{m['speedup']:.2f}x" + (f" [{interval[0]:.2f}–{interval[1]:.2f}]" if interval else "")
+
+
+def _same_text(m: dict[str, Any]) -> str:
+    if m.get("speedup_same_text") is None:
+        return f"- (0/{m.get('turns', 0)})"
+    return f"{m['speedup_same_text']:.2f}x ({m['same_text_turns']}/{m['turns']})"
+
+
 def bench_report(results: dict[str, Any]) -> None:
     """The bench tables on stderr: one row per method, then speedup and τ per benchmark."""
     rows = []
@@ -119,13 +153,54 @@ def bench_report(results: dict[str, Any]) -> None:
         shares = "/".join(f"{100 * split.get(k, 0.0) / busy:.0f}" for k in ("prefill_s", "draft_s", "verify_s", "host_s"))
         accept = "/".join(f"{a:.2f}" for a in m["acceptance_by_depth"][:4]) or "-"
         calls = " ".join(f"{k}={v:.1f}" for k, v in m["drafter_calls_per_step"].items()) or "-"
-        rows.append((name, m["kind"], m["tokens_per_s"], f"{m['speedup']:.2f}x", m["tau"], accept, calls, shares,
+        rows.append((name, m["kind"], m["tokens_per_s"], _speedup(m), _same_text(m), m["tau"], accept, calls, shares,
                      f"{m['peak_memory_mb']:.0f}", _verdict(m)))
-    table(f"bench {results.get('pair', '')} ({results['num_questions']} questions, {results['max_new_tokens']} new tokens, "
-          f"{results.get('dtype', '')})",
-          ["method", "kind", "tok/s", "speedup", "τ", "accept@d1..4", "drafter calls/step", "prefill/draft/verify/host %",
-           "peak MB", "lossless"], rows)
+    runs = results.get("repeats", 1)
+    table(f"bench {results.get('pair', '')} ({results['num_questions']} questions"
+          f"{f' × {runs} repeats' if runs > 1 else ''}, {results['max_new_tokens']} new tokens, {results.get('dtype', '')}, "
+          f"state {results.get('state_between_questions', 'carry')}; speedup with its 95% interval)",
+          ["method", "kind", "tok/s", "speedup", "same text as ar", "τ", "accept@d1..4", "drafter calls/step",
+           "prefill/draft/verify/host %", "peak MB", "lossless"], rows)
     benchmarks = results["benchmarks"]
     per = [(name, *(f"{m['per_benchmark'][b]['speedup']:.2f}x τ{m['per_benchmark'][b]['tau']:.2f}" for b in benchmarks))
            for name, m in results["methods"].items()]
     table("speedup and τ per benchmark", ["method", *benchmarks], per)
+
+
+def bench_journal(journal: Any) -> None:
+    """What an earlier, interrupted run in the same --out left to resume."""
+    if journal.stale:
+        info(f"note: {journal.path} holds an earlier run with another pair or settings; it is replaced by this run")
+    elif journal.runs:
+        info(f"resuming: {len(journal.runs)} question run(s) already finished in {journal.path} are kept")
+
+
+def machine_warnings(warnings: Sequence[str]) -> None:
+    for warning in warnings:
+        stderr.print(f"[yellow]warning:[/] {warning}")
+
+
+def bench_estimate(estimate: Any, plan: Any, resumable: int) -> None:
+    """The time the timed run should take, before it starts."""
+    left = max(0, plan.question_runs - resumable) / max(1, plan.question_runs)
+    info(f"estimated time: about {duration(estimate.seconds * left)} for {len(plan.configs)} contenders × "
+         f"{plan.question_runs} question runs ({duration(estimate.seconds * left / max(1, len(plan.configs)))} "
+         "per contender; from the warm-up, shorter when answers stop early)")
+
+
+def bench_interrupted(run: Any, path: Any, total: int) -> None:
+    """Ctrl-C: what was kept, what was lost, and how to resume."""
+    if run is None:
+        error("interrupted before the first question run finished: nothing new was kept",
+              "rerun the same command; question runs finished by earlier runs in --out are resumed")
+        return
+    stop = run.interrupted
+    kept = f"kept {run.done} of {total} question runs in {path} (partial: not results.json)"
+    if stop.question is not None:
+        where = f"{stop.question.benchmark} #{stop.question.question_id}"
+        done = f"; its finished contenders ({', '.join(stop.finished)}) are dropped" if stop.finished else ""
+        lost = f"lost: the question run in progress ({where}, repeat {stop.repeat + 1}{done})"
+    else:
+        lost = "lost: nothing in progress"
+    error(f"interrupted: {kept}; {lost}; {stop.not_started} question run(s) not started",
+          "rerun the same command with the same --out to resume from the finished question runs")

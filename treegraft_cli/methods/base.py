@@ -61,6 +61,9 @@ class Method(ABC):
     needs_drafter: ClassVar[bool] = False
     description: ClassVar[str] = ""
     options_class: ClassVar[type | None] = None  # frozen dataclass of the method's own settings
+    # What the method keeps from one request to the next ("": nothing); ``reset`` forgets it. A server keeps
+    # it (later requests profit); a benchmark may reset it per question so results do not depend on order.
+    carried_state: ClassVar[str] = ""
 
     def __init__(self, models: Models, config: DecodeConfig):
         self.models = models
@@ -76,6 +79,12 @@ class Method(ABC):
 
     def observe(self, observation: Observation) -> None:
         """Called after every verification: commit drafter caches, update online tables."""
+
+    def reset(self) -> None:
+        """Forget what earlier requests taught the method (``carried_state``), as if just built.
+
+        Measurements of the hardware (``Models.measurements``) are kept: they describe the device, not the text.
+        """
 
     def drafter_calls(self) -> dict[str, int]:
         """Drafter invocations in the last step, by drafter name."""
@@ -108,8 +117,9 @@ def method_names() -> list[str]:
     return sorted(METHODS)
 
 
-def create_method(config: DecodeConfig, models: Models) -> Method:
-    """Build the method ``config.method`` names (``NAME`` or ``NAME:ARGUMENT``), or raise a ConfigError."""
+def resolve_method(config: DecodeConfig) -> tuple[type[Method], DecodeConfig]:
+    """The class ``config.method`` names (``NAME`` or ``NAME:ARGUMENT``) and the config with the argument's
+    options merged in; a ConfigError for an unknown name or argument. Needs no model."""
     name, _, argument = config.method.partition(":")
     cls = METHODS.get(name)
     if cls is None:
@@ -117,6 +127,12 @@ def create_method(config: DecodeConfig, models: Models) -> Method:
     if argument:
         options = {**config.method_options, **cls.options_from_argument(argument)}
         config = dataclasses.replace(config, method_options=options)
+    return cls, config
+
+
+def create_method(config: DecodeConfig, models: Models) -> Method:
+    """Build the method ``config.method`` names (``NAME`` or ``NAME:ARGUMENT``), or raise a ConfigError."""
+    cls, config = resolve_method(config)
     if cls.needs_drafter and models.drafter is None:
         raise ConfigError(
             f"method {config.method!r} needs a model drafter", "pass --pair DRAFTER:TARGET"

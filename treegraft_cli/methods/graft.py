@@ -100,6 +100,7 @@ class AdjacencyMethod(Method):
     name = "adjacency"
     options_class = AdjacencyConfig
     description = "retrieval-only trees from the online adjacency table (Token Recycling-style)"
+    carried_state = "adjacency table"
 
     def __init__(self, models: Models, config: DecodeConfig):
         super().__init__(models, config)
@@ -109,6 +110,9 @@ class AdjacencyMethod(Method):
         self.table = AdjacencyTable(k)
 
     def reset_table(self) -> None:
+        self.table.reset()
+
+    def reset(self) -> None:
         self.table.reset()
 
     def start(self, prefill: Prefill) -> None:
@@ -142,6 +146,7 @@ class GraftMethod(DenseMethod):
     name = "graft"
     options_class = GraftConfig
     description = "dense drafting with confidence checkpoints; pruned slots filled by adjacency retrieval"
+    carried_state = "adjacency table"
 
     def __init__(self, models: Models, config: DecodeConfig):
         super().__init__(models, config)
@@ -166,6 +171,9 @@ class GraftMethod(DenseMethod):
         return tuple(stages)
 
     def reset_table(self) -> None:
+        self.table.reset()
+
+    def reset(self) -> None:
         self.table.reset()
 
     def start(self, prefill: Prefill) -> None:

@@ -46,6 +46,7 @@ class TreeGraftMethod(Method):
     options_class = TreeGraftConfig
     needs_drafter = True
     description = "TreeGraft: n-gram + model drafter on one shared tree, strong calls where measured gains pay"
+    carried_state = "the call policy's measured step times, rates and acceptance calibration"
     default_policy = StepRule.name
 
     def __init__(self, models: Models, config: DecodeConfig):
@@ -74,6 +75,9 @@ class TreeGraftMethod(Method):
             return self.options.policy
         learned = self.options.scheduler and self.default_policy == StepRule.name
         return LEARNED if learned else self.default_policy
+
+    def reset(self) -> None:
+        self.policy = make_policy(self.policy_spec(), self.options)  # a fresh policy: no measured averages
 
     @property
     def needs_costs(self) -> bool:
@@ -149,6 +153,7 @@ class AllSmallMethod(TreeGraftMethod):
     needs_drafter = False
     description = "TreeGraft layer loop with the weak n-gram drafter only"
     default_policy = "all-small"
+    carried_state = ""  # its policy decides from the tree alone
     options_from_argument = Method.options_from_argument
 
 
@@ -157,6 +162,7 @@ class AllMidMethod(TreeGraftMethod):
     name = "all-mid"
     description = "TreeGraft layer loop calling the strong drafter at every layer"
     default_policy = "all-mid"
+    carried_state = ""  # its policy decides from the tree alone
     options_from_argument = Method.options_from_argument
 
 
@@ -165,6 +171,7 @@ class FixedMethod(TreeGraftMethod):
     name = "fixed"
     description = "TreeGraft layer loop calling the strong drafter at given layers (fixed:1,3)"
     default_policy = "fixed"
+    carried_state = ""  # its policy decides from the tree alone
 
     @classmethod
     def options_from_argument(cls, argument: str) -> dict[str, Any]:
