@@ -15,7 +15,7 @@ from treegraft_cli.bench.contenders import build_contender
 from treegraft_cli.bench.journal import Journal
 from treegraft_cli.bench.records import ContenderRecord, QuestionRecord, TurnRecord
 from treegraft_cli.bench.regression import check_against
-from treegraft_cli.bench.runner import Bench, run_bench
+from treegraft_cli.bench.runner import Bench
 from treegraft_cli.bench.stats import PerQuestion, bootstrap_interval, pooled_speedup
 from treegraft_cli.bench.suites import Question
 from treegraft_cli.cli import app
@@ -65,7 +65,8 @@ class Recorder:
 def test_contenders_interleave_per_question_ar_first(pipeline):
     recorder = Recorder()
     configs = plan_configs(SMALL, ["graft", "ngram"])
-    run = run_bench(pipeline, configs, QUESTIONS[:2], 0.0, repeats=2, build=recorder.build)
+    plan = BenchPlan(tuple(configs), tuple(QUESTIONS[:2]), 0.0, repeats=2)
+    run = Bench(pipeline, plan, build=recorder.build).run()
     one_pass = [(name, q.turns[0]) for q in QUESTIONS[:2] for name in ("ar", "graft", "ngram")]
     assert recorder.calls == one_pass * 2
     assert run.done == run.total == 4 and run.interrupted is None
@@ -73,9 +74,9 @@ def test_contenders_interleave_per_question_ar_first(pipeline):
 
 
 def _steps_per_question(pipeline, questions, reset):
-    configs = plan_configs(SMALL, ["adjacency", "graft", "all-small", "treegraft:cost-aware"],
+    configs = plan_configs(SMALL, ["adjacency", "graft", "treegraft:cost-aware"],
                            {"treegraft": {"verify_ms": 10.0, "strong_ms": 3.0}})  # given costs: decisions not timed
-    run = run_bench(pipeline, configs, questions, 0.0, reset_per_question=reset)
+    run = Bench(pipeline, BenchPlan(tuple(configs), tuple(questions), 0.0, reset_per_question=reset)).run()
     return {(r.name, q.question.question_id): ([t.generation.output_ids for t in q.turns],
                                                [s.accepted_length for t in q.turns for s in t.generation.steps])
             for r in run.records for q in r.questions}

@@ -33,7 +33,7 @@ def parse_spec(spec: str) -> tuple[str, str | None, str | None]:
         name, split = head, tail or None
     name, _, config = name.partition("@")
     if not name:
-        raise ConfigError(f"--suite hf:{spec} names no dataset", "write --suite hf:NAME[@CONFIG][:SPLIT], e.g. hf:openai/gsm8k@main:test")
+        raise ConfigError(f"--suite hf:{spec} names no dataset", "write --suite hf:NAME, hf:NAME:SPLIT or hf:NAME@CONFIG:SPLIT, e.g. hf:openai/gsm8k@main:test")
     return name, config or None, split
 
 
@@ -64,7 +64,7 @@ def load_rows(name: str, config: str | None, split: str | None) -> Any:
         ) from None
     except Exception as error:  # datasets raises many kinds (bad split, unknown config, unreadable file)
         raise ConfigError(f"could not load dataset {name!r}: {_first_line(error)}",
-                          "check the dataset name, @CONFIG and :SPLIT (hf:NAME[@CONFIG][:SPLIT])") from None
+                          "check the dataset name, config and split (hf:NAME@CONFIG:SPLIT)") from None
 
 
 def _first_line(error: Exception) -> str:
@@ -94,5 +94,5 @@ def dataset_questions(spec: str, limit: int | None = None) -> list[Question]:
     count = len(rows) if limit is None else min(limit, len(rows))
     questions = [row_question(rows[i], i, benchmark, f"hf:{spec}") for i in range(count)]
     if not questions:
-        raise ConfigError(f"dataset hf:{spec} holds no rows", "check the split (hf:NAME[:SPLIT])")
+        raise ConfigError(f"dataset hf:{spec} holds no rows", "check the split (hf:NAME:SPLIT)")
     return questions

@@ -227,36 +227,43 @@ class Bench:
     def run(self, progress: Progress | None = None) -> BenchRun:
         """Every question run, interleaved; stops cleanly on KeyboardInterrupt (``BenchRun.interrupted``)."""
         report = progress or (lambda description, done, total: None)
-        plan, contenders = self.plan, self.contenders
         records = [ContenderRecord(c.name, c.kind, c.config, carried_state=getattr(c, "carried_state", ""))
-                   for c in contenders]
-        run = BenchRun(records, 0, plan.question_runs)
-        units, total_units = 0, plan.question_runs * len(contenders)
-        for repeat in range(plan.repeats):
-            for question in plan.questions:
-                if self._restore(repeat, question, records):
-                    run.done, run.resumed, units = run.done + 1, run.resumed + 1, units + len(contenders)
-                    continue
-                finished: list[str] = []
-                try:
+                   for c in self.contenders]
+        run = BenchRun(records, 0, self.plan.question_runs)
+        total_units = self.plan.question_runs * len(self.contenders)
+        current: tuple[Question | None, int] = (None, 0)
+        finished: list[str] = []  # contenders done with the current question run
+        try:
+            for repeat in range(self.plan.repeats):
+                for question in self.plan.questions:
+                    current, finished = (question, repeat), []
+                    if self._restore(repeat, question, records):
+                        run.done, run.resumed = run.done + 1, run.resumed + 1
+                        continue
                     group = []
-                    for contender, record in zip(contenders, records, strict=True):
+                    for contender, record in zip(self.contenders, records, strict=True):
+                        units = run.done * len(self.contenders) + len(finished)
                         report(self._describe(contender.name, question, repeat), units, total_units)
                         group.append((contender, self._unit(contender, record, question, repeat)))
                         finished.append(contender.name)
-                        units += 1
-                    check_group(self.pipeline, group, plan.tie_tolerance)
-                except KeyboardInterrupt:
-                    not_started = plan.question_runs - run.done - 1
-                    run.interrupted = Interruption(question, repeat, tuple(finished), not_started)
-                    return run
-                for (_, question_record), record in zip(group, records, strict=True):
-                    record.questions.append(question_record)
-                if self.journal is not None:
-                    self.journal.append(repeat, question, [(c.config, r) for c, r in group])
-                run.done += 1
+                    check_group(self.pipeline, group, self.plan.tie_tolerance)
+                    self._keep(group, records, repeat, question)
+                    run.done, current = run.done + 1, (None, repeat)
+        except KeyboardInterrupt:
+            question, repeat = current
+            not_started = run.total - run.done - (question is not None)
+            run.interrupted = Interruption(question, repeat, tuple(finished) if question else (), not_started)
+            return run
         report("done", total_units, total_units)
         return run
+
+    def _keep(self, group: Sequence[tuple[Any, QuestionRecord]], records: list[ContenderRecord], repeat: int,
+              question: Question) -> None:
+        """A finished question run: into the journal first (durable), then into the records."""
+        if self.journal is not None:
+            self.journal.append(repeat, question, [(c.config, r) for c, r in group])
+        for (_, question_record), record in zip(group, records, strict=True):
+            record.questions.append(question_record)
 
     def _unit(self, contender, record: ContenderRecord, question: Question, repeat: int) -> QuestionRecord:
         """One contender on one question: reset if asked, decode every turn, track peak memory."""

@@ -46,7 +46,7 @@ def bench(
     pair: Annotated[str | None, typer.Option("--pair", help=f"DRAFTER:TARGET; a bundled profile for it supplies settings (default {DEFAULT_BENCH_PAIR}).")] = None,
     profile: Annotated[str | None, typer.Option("--profile", help="Profile name (profiles/NAME.yaml) or YAML path.")] = None,
     methods: Annotated[str | None, typer.Option("--methods", help="Comma list of methods and peers, or 'all' (default: graft, treegraft and hf-assisted; every drafter-free one without a drafter).")] = None,
-    suite: Annotated[str, typer.Option("--suite", help=f"quick | full | comma list of {', '.join(BENCHMARKS)} | hf:DATASET[@CONFIG][:SPLIT].")] = "quick",
+    suite: Annotated[str, typer.Option("--suite", help=f"quick | full | comma list of {', '.join(BENCHMARKS)} | hf:NAME, hf:NAME:SPLIT, hf:NAME@CONFIG:SPLIT (a dataset).")] = "quick",
     prompts: Annotated[list[Path] | None, typer.Option("--prompts", help="FastChat / Spec-Bench question file(s); replace --suite.")] = None,
     num_prompts: Annotated[int | None, typer.Option("--num-prompts", help="Questions per benchmark file.")] = None,
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", "-n", help=f"Tokens per turn (quick: {QUICK_MAX_NEW_TOKENS}).")] = None,
