@@ -10,6 +10,7 @@ import typer
 
 from .. import __version__
 from ..bench import (
+    SCHEMA,
     Bench,
     BenchPlan,
     PairShape,
@@ -155,7 +156,11 @@ def partial_results(run: BenchRun, meta: dict[str, Any]) -> dict[str, Any]:
     stop = run.interrupted
     lost = {"question": None if stop.question is None else f"{stop.question.benchmark} #{stop.question.question_id}",
             "repeat": stop.repeat + 1, "finished_then_dropped": list(stop.finished), "not_started": stop.not_started}
-    base = build_results(run.records, meta) if run.records[0].questions else {"schema": None, **meta, "methods": {}}
+    if run.records[0].questions:
+        base = build_results(run.records, meta)
+    else:
+        rest = {k: v for k, v in meta.items() if k != "machine_load"}
+        base = {"schema": SCHEMA, **rest, "environment": {"machine_load": meta.get("machine_load", {})}, "methods": {}}
     return {**base, "partial": True, "interrupted": lost, "finished_question_runs": run.done,
             "total_question_runs": run.total}
 
