@@ -88,7 +88,7 @@ class Method(ABC):
             if options:
                 raise ConfigError(f"{where or cls.name}: method {cls.name!r} takes no options", "remove them")
             return None
-        return from_mapping(cls.options_class, options, where or f"{cls.name} options")
+        return from_mapping(cls.options_class, options, where or cls.name)
 
     @classmethod
     def options_from_argument(cls, argument: str) -> dict[str, Any]:
