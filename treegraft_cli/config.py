@@ -57,8 +57,8 @@ def check_value(value: Any, annotation: Any, label: str, default: Any = dataclas
         key = label.rpartition(".")[2].rpartition(": ")[2]
         shown = "" if default is dataclasses.MISSING else f"; the default is {_flow(default)}"
         raise ConfigError(
-            f"{label} must be {_describe(annotation)}, not {_shown(value)}",
-            f"give {key} as {_describe(annotation)}{shown}",
+            f"{label} must be {describe_type(annotation)}, not {_shown(value)}",
+            f"give {key} as {describe_type(annotation)}{shown}",
         ) from None
 
 
@@ -121,14 +121,14 @@ def _convert_scalar(value: Any, annotation: Any) -> Any:
     return value
 
 
-def _describe(annotation: Any, plural: bool = False) -> str:
+def describe_type(annotation: Any, plural: bool = False) -> str:
     """``tuple[float, ...]`` → "a list of numbers" (``plural``: "lists of numbers")."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
-        return " or ".join("null" if a is type(None) else _describe(a, plural) for a in args)
+        return " or ".join("null" if a is type(None) else describe_type(a, plural) for a in args)
     if origin is tuple:
         element = args[0] if len(args) == 2 and args[1] is Ellipsis else Any
-        inner = "values" if element is Any else _describe(element, plural=True)
+        inner = "values" if element is Any else describe_type(element, plural=True)
         return f"{'lists' if plural else 'a list'} of {inner}"
     if dataclasses.is_dataclass(annotation) or origin in (Mapping, dict):
         return "mappings" if plural else "a mapping"

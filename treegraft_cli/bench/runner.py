@@ -12,7 +12,7 @@ import torch
 
 from ..config import DecodeConfig
 from ..engine import Generation
-from ..methods import METHODS, method_names
+from ..methods import bare_method_names
 from ..pipeline import Pipeline, chat_messages
 from .contenders import PEERS, build_contender, check_names
 from .lossless import AFTER_DIVERGENCE, EXACT, UNCHECKED, TurnCheck, check_turn
@@ -61,8 +61,7 @@ def plan_configs(
 
 def default_methods(pipeline: Pipeline, greedy: bool = True) -> list[str]:
     """Every registered method and peer this run can use: drafter methods need a pair, peers run greedy only."""
-    has_drafter = pipeline.drafter is not None
-    methods = [n for n in method_names() if has_drafter or not METHODS[n].needs_drafter]
+    methods = bare_method_names(pipeline.drafter is not None)
     peers = [n for n, peer in sorted(PEERS.items()) if greedy and peer.usable(pipeline)]
     return methods + peers
 

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from ..atomic import ensure_writable_dir
 from ..bench import (
     check_against,
     default_methods,
@@ -21,11 +22,12 @@ from ..bench import (
 from ..bench.contenders import check_names
 from ..bench.lossless import TIE_TOLERANCE
 from ..bench.plots import write_plots
+from ..bench.regression import check_tolerance
 from ..bench.results import build_results
 from ..bench.suites import BENCHMARKS
 from ..pipeline import Pipeline
 from . import console
-from .resolve import resolve_run
+from .resolve import check_contenders, resolve_run, runnable_methods
 
 QUICK_MAX_NEW_TOKENS = 64  # the quick suite's default: about 10 minutes on 2 CPU cores for the default pair
 
@@ -53,18 +55,22 @@ def bench(
 ) -> None:
     """Run methods side by side (ar first) on a suite; table, results.json, Spec-Bench answers, plots."""
     default_tokens = QUICK_MAX_NEW_TOKENS if suite == "quick" and not prompts else None
-    run = resolve_run(pair, profile, dtype, device, max_new_tokens or default_tokens, temperature, budget, depth, tree_top_k)
+    tokens = max_new_tokens if max_new_tokens is not None else default_tokens
+    run = resolve_run(pair, profile, dtype, device, tokens, temperature, budget, depth, tree_top_k)
     chosen = split_methods(methods) if methods else None
     if chosen:
         check_names(chosen)  # before the data and the models load
-    questions = suite_questions(suite, prompts or (), num_prompts)
-    reference = load_baseline(baseline) if baseline else None
-    with console.fetch_progress() as progress:
-        pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress)
-    names = chosen or default_methods(pipeline, run.config.sampling.greedy)
     method_options = dict(run.method_options)
     if scheduler is not None:
         method_options["treegraft"] = {**method_options.get("treegraft", {}), "scheduler": str(scheduler)}
+    check_contenders(plan_configs(run.config, chosen or runnable_methods(run.pair), method_options), run.pair)
+    questions = suite_questions(suite, prompts or (), num_prompts)
+    reference = load_baseline(baseline) if baseline else None
+    check_tolerance(tolerance)
+    ensure_writable_dir(out)
+    with console.fetch_progress() as progress:
+        pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress)
+    names = chosen or default_methods(pipeline, run.config.sampling.greedy)
     configs = plan_configs(run.config, names, method_options)
     tolerance_ties = TIE_TOLERANCE[run.dtype] if tie_tolerance is None else tie_tolerance
     with console.counter_progress() as update:

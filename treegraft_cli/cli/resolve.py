@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..bench.contenders import PEERS
 from ..config import DecodeConfig
-from ..models.load import parse_dtype
+from ..errors import ConfigError
+from ..methods import bare_method_names, check_method
+from ..models.load import check_same_family, parse_dtype
+from ..models.registry import parse_pair, resolve
 from ..pipeline import DEFAULT_PAIR
 from ..profiles import Profile, decode_config_from_mapping, load_profile, profile_for_pair
 
@@ -55,3 +59,32 @@ def resolve_run(
         method_options=dict(profile.method_options) if profile else {},
         profile_name=profile.name if profile else None,
     )
+
+
+def has_drafter(pair: str) -> bool:
+    """Whether ``pair`` names a drafter (``DRAFTER:TARGET``). Its names are resolved and their tokenizer families
+    compared on the way, reading no model file: a typo or a mismatched pair fails before anything loads."""
+    drafter, target = parse_pair(pair)
+    target_ref = resolve(target)
+    if drafter:
+        check_same_family(resolve(drafter), target_ref)
+    return bool(drafter)
+
+
+def runnable_methods(pair: str) -> list[str]:
+    """The methods a bench of ``pair`` runs when not told which, judged from the pair's name alone."""
+    return bare_method_names(has_drafter(pair))
+
+
+def check_contenders(configs: Iterable[DecodeConfig], pair: str) -> None:
+    """Every contender checked without loading a model: each method's name, argument and options, and what
+    each method or peer needs of the pair and the sampling settings."""
+    drafter = has_drafter(pair)
+    for config in configs:
+        peer = PEERS.get(config.method)
+        if peer is None:
+            check_method(config, drafter)
+        elif peer.needs_drafter and not drafter:
+            raise ConfigError(f"peer {config.method!r} needs a drafter", "pass --pair DRAFTER:TARGET, or drop it from --methods")
+        elif not config.sampling.greedy:
+            raise ConfigError(f"peer {config.method!r} is benchmarked greedy only", "use --temperature 0, or drop it from --methods")

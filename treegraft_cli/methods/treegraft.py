@@ -19,7 +19,7 @@ from ..drafters.ngram import NgramIndex, TargetLogProbCache
 from ..grafting.builder import LayerLoop, LayerRecord
 from ..grafting.config import TreeGraftConfig
 from ..grafting.costs import measure_costs
-from ..grafting.scheduler import LEARNED, CallPolicy, CostModel, make_policy
+from ..grafting.scheduler import LEARNED, POLICY_FACTORIES, CallPolicy, CostModel, make_policy
 from ..grafting.step_rule import StepRule
 from ..tree import ORIGIN_NGRAM, ORIGIN_ROOT, DraftTree
 from .base import Method, Models, Observation, Prefill, register
@@ -46,6 +46,8 @@ class TreeGraftMethod(Method):
     options_class = TreeGraftConfig
     needs_drafter = True
     description = "TreeGraft: n-gram + model drafter on one shared tree, strong calls where measured gains pay"
+    argument = "POLICY"
+    argument_help = f"POLICY: the call policy, one of {', '.join(POLICY_FACTORIES)}, e.g. treegraft:cost-aware (default {StepRule.name})"
     default_policy = StepRule.name
 
     def __init__(self, models: Models, config: DecodeConfig):
@@ -54,7 +56,7 @@ class TreeGraftMethod(Method):
         self.target_logp = _target_logp(self.options)
         self.strong = self._strong_drafter(models)
         self.loop = LayerLoop(config.tree, self.options, self.index, self.target_logp, self.strong)
-        self.policy: CallPolicy = make_policy(self.policy_spec(), self.options)
+        self.policy: CallPolicy = make_policy(self.policy_spec(self.options), self.options)
         self.costs = CostModel(self.options.verify_ms, self.options.strong_ms)
         self.prompt_length = 0
         self.last_records: list[LayerRecord] = []
@@ -68,12 +70,17 @@ class TreeGraftMethod(Method):
     def _strong_drafter(self, models: Models) -> StrongDrafter | None:
         return make_strong_drafter(models.drafter, models.target) if models.drafter is not None else None
 
-    def policy_spec(self) -> str:
+    @classmethod
+    def policy_spec(cls, options: TreeGraftConfig) -> str:
         """The ``policy`` option; else the distilled scheduler when one is given to ``treegraft``; else the default."""
-        if self.options.policy:
-            return self.options.policy
-        learned = self.options.scheduler and self.default_policy == StepRule.name
-        return LEARNED if learned else self.default_policy
+        if options.policy:
+            return options.policy
+        learned = options.scheduler and cls.default_policy == StepRule.name
+        return LEARNED if learned else cls.default_policy
+
+    @classmethod
+    def check_options(cls, options: TreeGraftConfig) -> None:
+        make_policy(cls.policy_spec(options), options)  # an unknown policy, fixed without layers, a bad scheduler file
 
     @property
     def needs_costs(self) -> bool:
@@ -148,6 +155,7 @@ class AllSmallMethod(TreeGraftMethod):
     name = "all-small"
     needs_drafter = False
     description = "TreeGraft layer loop with the weak n-gram drafter only"
+    argument = ""
     default_policy = "all-small"
     options_from_argument = Method.options_from_argument
 
@@ -156,6 +164,7 @@ class AllSmallMethod(TreeGraftMethod):
 class AllMidMethod(TreeGraftMethod):
     name = "all-mid"
     description = "TreeGraft layer loop calling the strong drafter at every layer"
+    argument = ""
     default_policy = "all-mid"
     options_from_argument = Method.options_from_argument
 
@@ -163,7 +172,10 @@ class AllMidMethod(TreeGraftMethod):
 @register
 class FixedMethod(TreeGraftMethod):
     name = "fixed"
-    description = "TreeGraft layer loop calling the strong drafter at given layers (fixed:1,3)"
+    description = "TreeGraft layer loop calling the strong drafter at the layers given"
+    argument = "L[,L...]"
+    argument_help = "L: a 1-based tree layer, e.g. fixed:1,3 (or -o layers=1,3); required"
+    needs_argument = True  # or -o layers=...; without layers it would be all-small
     default_policy = "fixed"
 
     @classmethod
