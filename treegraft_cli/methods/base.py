@@ -99,7 +99,9 @@ class Method(ABC):
         """The method's settings built from ``options`` (ConfigError naming ``where`` on a bad key or value)."""
         if cls.options_class is None:
             if options:
-                raise ConfigError(f"{where or cls.name}: method {cls.name!r} takes no options", "remove them")
+                prefix = f"{where}: " if where else ""
+                raise ConfigError(f"{prefix}method {cls.name!r} takes no options (got {', '.join(map(str, options))})",
+                                  "remove them; `treegraft methods` lists the methods that take options")
             return None
         return from_mapping(cls.options_class, options, where or cls.name)
 
