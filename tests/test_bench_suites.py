@@ -104,11 +104,11 @@ def _no_model_load(monkeypatch):
 
 
 @pytest.mark.parametrize("extra, needle", [
-    (["--out", "{file}/sub"], "cannot write to --out"),
+    (["--out", "{file}/sub"], "is a file, not a directory"),
     (["--methods", "graft", "-o", "graft.nosuch=1"], "nosuch"),
     (["--methods", "graft", "-o", "dense.table_k=4"], "does not include"),
     (["--methods", "graft", "-o", "thresholds=[0.1]"], "METHOD.KEY=VALUE"),
-    (["--methods", "fixed:x"], "layer list"),
+    (["--methods", "fixed:x"], "must be a list of integers"),
     (["--repeats", "0"], "--repeats"),
     (["--tolerance", "1.5"], "--tolerance"),
 ])

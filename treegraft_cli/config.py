@@ -1,12 +1,16 @@
 """Frozen configuration dataclasses.
 
 The CLI, YAML profiles and the tuner all build these the same way: ``from_mapping(Cls, dict)``,
-which rejects unknown keys and runs each class's ``__post_init__`` validation.
+which rejects unknown keys, checks every value against the field's type and runs each class's
+``__post_init__`` validation.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -19,21 +23,136 @@ T = TypeVar("T")
 
 
 def from_mapping(cls: type[T], values: Mapping[str, Any] | None, where: str = "") -> T:
-    """Build the frozen dataclass ``cls`` from ``values``; an unknown key names the valid ones."""
+    """Build the frozen dataclass ``cls`` from ``values``: an unknown key names the valid ones, a value of the
+    wrong type names the expected one, and the class's own ``__post_init__`` checks run; errors start with ``where``."""
     values = dict(values or {})
-    names = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - set(names))
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields), key=str)
     if unknown:
         prefix = f"{where}: " if where else ""
         raise ConfigError(
-            f"{prefix}unknown setting(s) {', '.join(unknown)}",
-            f"valid settings are: {', '.join(sorted(names))}",
+            f"{prefix}unknown setting(s) {', '.join(map(str, unknown))}",
+            f"valid settings are: {', '.join(sorted(fields))}",
         )
-    for key, value in list(values.items()):
-        default = names[key].default
-        if isinstance(default, tuple) and isinstance(value, list):
-            values[key] = tuple(tuple(v) if isinstance(v, list) else v for v in value)
-    return cls(**values)
+    hints = typing.get_type_hints(cls)
+    checked = {key: check_value(value, hints[key], _label(where, key), fields[key].default) for key, value in values.items()}
+    try:
+        return cls(**checked)
+    except ConfigError as error:
+        if not where or error.message.startswith(where):
+            raise
+        raise ConfigError(f"{where}: {error.message}", error.hint) from None
+
+
+class _Mismatch(Exception):
+    """A value does not fit an annotation (turned into a ConfigError naming the whole field)."""
+
+
+def check_value(value: Any, annotation: Any, label: str, default: Any = dataclasses.MISSING) -> Any:
+    """``value`` checked against the type ``annotation`` (converted where that is lossless: an int for a float,
+    a list or ``"1,3"`` for a tuple); a ConfigError naming ``label`` and the expected type otherwise."""
+    try:
+        return _convert(value, annotation, label)
+    except _Mismatch:
+        key = label.rpartition(".")[2].rpartition(": ")[2]
+        shown = "" if default is dataclasses.MISSING else f"; the default is {_flow(default)}"
+        raise ConfigError(
+            f"{label} must be {describe_type(annotation)}, not {_shown(value)}",
+            f"give {key} as {describe_type(annotation)}{shown}",
+        ) from None
+
+
+def _convert(value: Any, annotation: Any, label: str) -> Any:
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for member in (a for a in args if a is not type(None)):
+            try:
+                return _convert(value, member, label)
+            except _Mismatch:
+                continue
+        raise _Mismatch
+    if dataclasses.is_dataclass(annotation):
+        if isinstance(value, annotation):
+            return value
+        if isinstance(value, Mapping):
+            return from_mapping(annotation, value, label)
+        raise _Mismatch
+    if origin is tuple:
+        return _convert_tuple(value, args, label)
+    if origin in (Mapping, dict):
+        if not isinstance(value, Mapping):
+            raise _Mismatch
+        return value
+    return _convert_scalar(value, annotation)
+
+
+def _convert_tuple(value: Any, args: tuple[Any, ...], label: str) -> tuple[Any, ...]:
+    element = args[0] if len(args) == 2 and args[1] is Ellipsis else Any
+    if isinstance(value, str) and element in _SCALARS:
+        value = [part.strip() for part in value.split(",") if part.strip()]  # "1,3": the CLI's short form
+    elif isinstance(value, (bool, int, float)) and element in _SCALARS:
+        value = [value]  # one layer, one threshold
+    if not isinstance(value, (list, tuple)):
+        raise _Mismatch
+    return tuple(_convert(item, element, label) for item in value)
+
+
+_SCALARS = (bool, int, float, str)
+
+
+def _convert_scalar(value: Any, annotation: Any) -> Any:
+    if annotation not in _SCALARS:
+        return value  # a type this checker does not know: the class's own validation decides
+    if isinstance(value, str) and annotation in (int, float):
+        try:
+            return annotation(value)  # an element of "1,3"
+        except ValueError:
+            raise _Mismatch from None
+    if isinstance(value, bool) and annotation is not bool:
+        raise _Mismatch
+    if annotation is float and isinstance(value, int):
+        return float(value)
+    if not isinstance(value, annotation):
+        raise _Mismatch
+    return value
+
+
+def describe_type(annotation: Any, plural: bool = False) -> str:
+    """``tuple[float, ...]`` → "a list of numbers" (``plural``: "lists of numbers")."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join("null" if a is type(None) else describe_type(a, plural) for a in args)
+    if origin is tuple:
+        element = args[0] if len(args) == 2 and args[1] is Ellipsis else Any
+        inner = "values" if element is Any else describe_type(element, plural=True)
+        return f"{'lists' if plural else 'a list'} of {inner}"
+    if dataclasses.is_dataclass(annotation) or origin in (Mapping, dict):
+        return "mappings" if plural else "a mapping"
+    names = {bool: ("true or false", "booleans"), int: ("an integer", "integers"), float: ("a number", "numbers"),
+             str: ("a string", "strings")}
+    singular, many = names.get(annotation, (getattr(annotation, "__name__", str(annotation)),) * 2)
+    return many if plural else singular
+
+
+def _shown(value: Any) -> str:
+    """``the string "notalist"``, ``the list [0.3, "x"]``, ``null``: the value and what it was read as."""
+    if value is None:
+        return "null"
+    kinds = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", tuple: "list", dict: "mapping"}
+    return f"the {kinds.get(type(value), type(value).__name__)} {_flow(value)}"
+
+
+def _flow(value: Any) -> str:
+    """A value as the user would type it: JSON, which is also YAML flow style."""
+    return json.dumps(value, default=str)
+
+
+def _label(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
 
 
 def parse_options(pairs: Sequence[str]) -> dict[str, Any]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from .config import DecodeConfig, SamplingConfig, TreeConfig, from_mapping
+from .config import DecodeConfig, check_value, from_mapping
 from .errors import ConfigError
 from .methods import METHODS, method_names
 from .models.load import DTYPES
@@ -41,7 +40,6 @@ from .models.load import DTYPES
 PROFILES_ENV = "TREEGRAFT_PROFILES"
 TOP_LEVEL = ("name", "pair", "description", "dtype", "device", "decode", "method_options", "cost", "tuned")
 DEVICES = ("cpu", "cuda", "auto")
-NESTED = {"tree": TreeConfig, "sampling": SamplingConfig}
 
 
 @dataclass(frozen=True)
@@ -73,41 +71,11 @@ def profile_names() -> list[str]:
     return sorted(p.stem for p in root.glob("*.yaml")) if root.is_dir() else []
 
 
-def _check_type(value: Any, annotation: Any, where: str) -> None:
-    expected = {int: "an integer", float: "a number", str: "a string"}.get(annotation)
-    if expected is None:
-        return
-    ok = isinstance(value, annotation) if annotation is not float else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok:
-        raise ConfigError(f"{where} must be {expected} (got {value!r})", f"fix {where.split(': ')[-1]} in the profile")
-
-
-def _typed(cls: type, values: Any, where: str) -> Any:
-    """``from_mapping(cls, values)`` after checking each value's type; errors name ``where.field``."""
-    if not isinstance(values, Mapping):
-        raise ConfigError(f"{where} must be a mapping (got {values!r})", f"write {where.split(': ')[-1]} as key: value lines")
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    for key, value in values.items():
-        if key in known and key not in NESTED:
-            _check_type(value, hints[key], f"{where}.{key}")
-    try:
-        return from_mapping(cls, values, where)
-    except ConfigError as error:
-        if error.message.startswith(where):
-            raise
-        raise ConfigError(f"{where}: {error.message}", error.hint) from None
-
-
 def decode_config_from_mapping(values: Mapping[str, Any] | None, where: str = "decode") -> DecodeConfig:
     """A DecodeConfig from plain data (nested ``tree`` / ``sampling`` mappings), validated field by field."""
-    values = dict(values or {})
-    for key, cls in NESTED.items():
-        if key in values:
-            values[key] = _typed(cls, values[key], f"{where}.{key}")
-    if "method_options" in values and not isinstance(values["method_options"], Mapping):
-        raise ConfigError(f"{where}.method_options must be a mapping", "write the method's options as key: value lines")
-    return _typed(DecodeConfig, values, where)
+    if values is not None and not isinstance(values, Mapping):
+        raise ConfigError(f"{where} must be a mapping (got {values!r})", f"write {where.split(': ')[-1]} as key: value lines")
+    return from_mapping(DecodeConfig, values, where)
 
 
 def profile_from_mapping(document: Any, source: str = "profile", default_name: str = "") -> Profile:
@@ -119,7 +87,7 @@ def profile_from_mapping(document: Any, source: str = "profile", default_name: s
         raise ConfigError(f"{source}: unknown field(s) {', '.join(map(str, unknown))}", f"fields are: {', '.join(TOP_LEVEL)}")
     for key in ("name", "pair", "description", "dtype", "device"):
         if key in document:
-            _check_type(document[key], str, f"{source}: {key}")
+            check_value(document[key], str, f"{source}: {key}")
     if not document.get("pair"):
         raise ConfigError(f"{source}: field 'pair' is missing", "add pair: DRAFTER:TARGET")
     dtype = document.get("dtype", "bf16")

@@ -12,8 +12,6 @@ is the Spec-Bench task name (``suites.spec_bench_category``; the file's own in `
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -21,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write_text
-from ..errors import ConfigError
 from .lossless import UNCHECKED
 from .records import ContenderRecord
 from .suites import spec_bench_category
@@ -75,19 +72,6 @@ def write_outputs(out_dir: Path, results: Mapping[str, Any], records: Sequence[C
     atomic_write_text(path, json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     (out_dir / PARTIAL_NAME).unlink(missing_ok=True)
     return path
-
-
-def check_writable(out_dir: Path) -> None:
-    """Create ``out_dir`` and write a probe file in it, so an unwritable --out fails before any model loads."""
-    out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        handle, probe = tempfile.mkstemp(prefix=".write-check.", dir=out_dir)
-        os.close(handle)
-        os.unlink(probe)
-    except OSError as error:
-        raise ConfigError(f"cannot write to --out {out_dir}: {error.strerror or error}",
-                          "pass a directory you can write to with --out") from None
 
 
 def write_partial(out_dir: Path, document: Mapping[str, Any]) -> Path:

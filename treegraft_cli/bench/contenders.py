@@ -27,7 +27,8 @@ from ..config import DecodeConfig
 from ..engine import Generation, StepStats
 from ..errors import ConfigError
 from ..methods import METHODS, method_names
-from ..methods.base import resolve_method
+from ..methods.base import check_method
+from ..models.load import check_same_family
 from ..models.registry import parse_pair, resolve
 from ..pipeline import Pipeline
 
@@ -77,8 +78,15 @@ class PairShape:
 
     @classmethod
     def of(cls, pair: str) -> PairShape:
-        drafter, _ = parse_pair(pair)
-        return cls(bool(drafter), bool(drafter) and not resolve(drafter).eagle3)
+        """Names resolved and tokenizer families compared on the way, reading no model file: a typo or a
+        mismatched pair fails before anything loads."""
+        drafter, target = parse_pair(pair)
+        target_ref = resolve(target)
+        if not drafter:
+            return cls(False, False)
+        drafter_ref = resolve(drafter)
+        check_same_family(drafter_ref, target_ref)
+        return cls(True, not drafter_ref.eagle3)
 
 
 def check_config(config: DecodeConfig, shape: PairShape) -> None:
@@ -92,10 +100,7 @@ def check_config(config: DecodeConfig, shape: PairShape) -> None:
         if config.method_options:
             raise ConfigError(f"peer {config.method!r} takes no options", f"remove the options given for {config.method}")
         return
-    cls, resolved = resolve_method(config)
-    cls.parse_options(resolved.method_options, f"{config.method} options")
-    if cls.needs_drafter and not shape.has_drafter:
-        raise ConfigError(f"method {config.method!r} needs a model drafter", "pass --pair DRAFTER:TARGET, or drop it from --methods")
+    check_method(config, shape.has_drafter)
 
 
 class MethodContender:

@@ -42,21 +42,39 @@ class Regression:
 
 
 def load_baseline(path: Path) -> dict[str, Any]:
+    """A baseline results.json, checked before the run: it must hold ``methods.NAME.speedup`` / ``tau`` numbers."""
     path = Path(path)
+    fix = "pass a results.json written by `treegraft bench`"
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConfigError(f"baseline {path} does not exist", "pass a results.json written by `treegraft bench`") from None
+        raise ConfigError(f"baseline {path} does not exist", fix) from None
     except json.JSONDecodeError as error:
-        raise ConfigError(f"baseline {path} is not JSON ({error.msg})", "pass a results.json written by `treegraft bench`") from None
+        raise ConfigError(f"baseline {path} is not JSON ({error.msg}, line {error.lineno})", fix) from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"baseline {path} is not JSON (not UTF-8 text)", fix) from None
+    except OSError as error:
+        raise ConfigError(f"cannot read baseline {path} ({error.strerror or error})", fix) from None
     if not isinstance(document, dict) or not isinstance(document.get("methods"), dict):
-        raise ConfigError(f"baseline {path} has no 'methods' object", "pass a results.json written by `treegraft bench`")
+        raise ConfigError(f"baseline {path} has no 'methods' object", fix)
+    for name, entry in document["methods"].items():
+        if not isinstance(entry, dict):
+            raise ConfigError(f"baseline {path}: methods.{name} is not an object", fix)
+        for metric in METRICS:
+            if metric in entry and not _is_number(entry[metric]):
+                raise ConfigError(f"baseline {path}: methods.{name}.{metric} is not a number ({entry[metric]!r})", fix)
+    if not any(_is_number(entry.get(metric)) for entry in document["methods"].values() for metric in METRICS):
+        raise ConfigError(f"baseline {path} holds no method with a speedup or tau: the gate would compare nothing", fix)
     return document
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _interval(method: dict[str, Any]) -> tuple[float, float] | None:
     value = method.get("speedup_ci")
-    if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value):
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_number(v) for v in value):
         return float(value[0]), float(value[1])
     return None
 
@@ -78,13 +96,13 @@ def check_against(
         if current is None or not isinstance(base, dict):
             continue
         compared.append(method)
-        if isinstance(base.get("speedup"), (int, float)):
+        if _is_number(base.get("speedup")):
             floor = float(base["speedup"]) * (1 - tolerance)
             interval = _interval(current)
             if (interval[1] if interval else float(current["speedup"])) < floor:
                 regressions.append(Regression(method, "speedup", float(base["speedup"]), float(current["speedup"]),
                                               floor, interval))
-        if isinstance(base.get("tau"), (int, float)):
+        if _is_number(base.get("tau")):
             floor = float(base["tau"]) * (1 - tau_tolerance)
             if float(current["tau"]) < floor:
                 regressions.append(Regression(method, "tau", float(base["tau"]), float(current["tau"]), floor))

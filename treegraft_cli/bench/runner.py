@@ -31,7 +31,7 @@ import torch
 
 from ..config import DecodeConfig
 from ..engine import Generation
-from ..methods import METHODS, method_names
+from ..methods import bare_method_names
 from ..pipeline import Pipeline, chat_messages
 from .contenders import PEERS, PairShape, build_contender, check_config, check_names
 from .journal import Journal
@@ -122,7 +122,7 @@ def default_methods(shape: PairShape, greedy: bool = True, everything: bool = Fa
     first run that shows what the toolkit is for, in minutes). ``everything`` (``--methods all``), or a
     pair without a drafter: every registered method and peer the run can use.
     """
-    usable = [n for n in method_names() if shape.has_drafter or not METHODS[n].needs_drafter]
+    usable = bare_method_names(shape.has_drafter)
     peers = [n for n, peer in sorted(PEERS.items()) if greedy and (shape.lm_drafter or not peer.needs_drafter)]
     if everything or not shape.has_drafter:
         return usable + peers

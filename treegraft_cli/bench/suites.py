@@ -58,13 +58,18 @@ def data_dir() -> Path:
 
 
 def load_questions(path: Path, benchmark: str | None = None, limit: int | None = None) -> list[Question]:
-    """Read a FastChat question file; every line needs ``question_id`` and a non-empty ``turns`` list."""
+    """Read a FastChat question file; every line needs ``question_id`` and a non-empty ``turns`` list (all lines
+    are checked, also those past ``limit``, so a bad file fails now rather than in a later, longer run)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"prompt file {path} does not exist", "pass an existing FastChat .jsonl question file")
     name = benchmark or path.stem
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"prompt file {path} is not UTF-8 text", "pass a FastChat .jsonl question file") from None
     questions = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -78,11 +83,9 @@ def load_questions(path: Path, benchmark: str | None = None, limit: int | None =
         if "question_id" not in record:
             raise ConfigError(f"{path}:{number}: field 'question_id' is missing", "give every question an id")
         questions.append(Question(name, record["question_id"], str(record.get("category", "")), tuple(turns)))
-        if limit is not None and len(questions) >= limit:
-            break
     if not questions:
         raise ConfigError(f"prompt file {path} holds no questions", "one JSON object a line (FastChat format)")
-    return questions
+    return questions if limit is None else questions[:limit]  # every line is checked, not only the ones taken
 
 
 def suite_questions(

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import platform
 import sys
+from typing import Annotated
 
 import typer
 
+from .. import __version__
 from ..errors import TreegraftError
 from . import console
 from .bench import bench
 from .collect import collect
 from .distill import distill, replay
 from .generate import generate
+from .methods_cmd import methods
 from .models_cmd import app as models_app
 from .profile import profile
 from .tune import tune
@@ -23,7 +27,28 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        import torch
+        import transformers
+
+        console.result(f"treegraft {__version__} (torch {torch.__version__}, transformers {transformers.__version__}, "
+                       f"python {platform.python_version()})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print the version (and torch's, transformers') and exit.")] = False,
+) -> None:
+    """Benchmark and tune tree-based speculative decoding (Graft, TreeGraft)."""
+
+
 app.command()(generate)
+app.command()(methods)
 app.command()(bench)
 app.command()(tune)
 app.command()(profile)

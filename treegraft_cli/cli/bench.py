@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from .. import __version__
+from ..atomic import ensure_writable_dir
 from ..bench import (
     SCHEMA,
     Bench,
@@ -25,7 +26,6 @@ from ..bench import (
     write_outputs,
     write_partial,
 )
-from ..bench.answers import check_writable
 from ..bench.journal import JOURNAL_NAME, Journal
 from ..bench.lossless import TIE_TOLERANCE
 from ..bench.machine import sample_load
@@ -77,7 +77,7 @@ def bench(
     """
     chosen_pair = pair or (None if profile else DEFAULT_BENCH_PAIR)
     default_tokens = QUICK_MAX_NEW_TOKENS if suite == "quick" and not prompts else None
-    run = resolve_run(chosen_pair, profile, dtype, device, max_new_tokens or default_tokens, temperature, budget, depth, tree_top_k)
+    run = resolve_run(chosen_pair, profile, dtype, device, max_new_tokens if max_new_tokens is not None else default_tokens, temperature, budget, depth, tree_top_k)
     shape = PairShape.of(run.pair)
     greedy = run.config.sampling.greedy
     names = default_methods(shape, greedy, everything=methods == "all") if methods in (None, "all") else split_methods(methods)
@@ -89,7 +89,7 @@ def bench(
     check_tolerances(tolerance, tau_tolerance)
     questions = suite_questions(suite, prompts or (), num_prompts)
     reference = load_baseline(baseline) if baseline else None
-    check_writable(out)
+    ensure_writable_dir(out)
     ties = TIE_TOLERANCE[run.dtype] if tie_tolerance is None else tie_tolerance
     state = "reset" if reset_per_question else "carry"
     meta: dict[str, Any] = {"pair": run.pair, "profile": run.profile_name, "dtype": run.dtype, "device": run.device,

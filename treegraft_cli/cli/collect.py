@@ -9,8 +9,11 @@ from typing import Annotated
 import typer
 from datasets.utils.logging import disable_progress_bar
 
+from ..atomic import ensure_writable_dir
 from ..bench.suites import BENCHMARKS, suite_questions
 from ..config import parse_options
+from ..grafting.scheduler import make_policy
+from ..methods import METHODS, check_method
 from ..pipeline import Pipeline
 from ..scheduling.cost_profile import CostProfile, load_cost_profile, profile_from_document
 from ..scheduling.profiler import ProfileSettings, measure_profile
@@ -19,7 +22,7 @@ from ..scheduling.rollouts import collect as run_collect
 from ..scheduling.shards import FORMATS, SETTINGS_FILE, read_settings
 from . import console
 from .options import MethodOptions
-from .resolve import resolve_run
+from .resolve import has_drafter, resolve_run
 
 QUICK_CONTEXTS = (128,)  # the in-process profile when no --cost is given: one short context
 
@@ -53,8 +56,11 @@ def collect(
     run = resolve_run(pair, profile, dtype, device, max_new_tokens, 0.0, budget, depth, tree_top_k)
     method_options = {**run.method_options.get("treegraft", {}), **parse_options(options or ()), "policy": policy}
     config = dataclasses.replace(run.config, method="treegraft", method_options=method_options)
+    check_method(config, has_drafter(run.pair))  # a typo in --policy or -o fails before any model loads
+    make_policy(continuation, METHODS["treegraft"].parse_options(method_options))
     settings = CollectSettings(run.pair, run.dtype, config, continuation, every, fmt)
     questions = suite_questions(suite, prompts or (), num_prompts)
+    ensure_writable_dir(out)
     with console.fetch_progress() as progress:
         pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress)
     costs = _costs(cost, out, pipeline, run.pair, run.dtype, config)

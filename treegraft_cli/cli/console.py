@@ -47,6 +47,16 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> 
     stderr.print(grid)
 
 
+def listing(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """A table of text on stdout: the answer of a listing command (``treegraft methods``), left-aligned."""
+    grid = Table(title=title, title_justify="left")
+    for column in columns:
+        grid.add_column(column, overflow="fold")
+    for row in rows:
+        grid.add_row(*map(str, row))
+    stdout.print(grid)
+
+
 @contextmanager
 def fetch_progress() -> Iterator[Any]:
     """A progress callback (description, completed, total) backed by a Rich bar on stderr."""

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from ..atomic import ensure_writable_dir
 from ..scheduling.artifact import load_scheduler
 from ..scheduling.cost_profile import load_cost_profile, profile_from_document
 from ..scheduling.distill import DistillSettings
@@ -28,6 +29,7 @@ def distill(
     """Fit the 17→64→32→1 MLP to the value margins; held-out sign accuracy and regret; write the artifact."""
     if not 0 < holdout < 1 or epochs < 1:
         raise typer.BadParameter("--holdout in (0, 1) and --epochs >= 1")
+    ensure_writable_dir(out.parent)
     settings_doc, table = read_rollouts(rollouts)
     costs = profile_from_document(settings_doc["cost_profile"], f"{rollouts}/collect.json")
     extra = [load_cost_profile(path) for path in cost or ()]

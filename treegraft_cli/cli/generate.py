@@ -6,6 +6,8 @@ from typing import Annotated
 
 import typer
 
+from ..methods import check_method
+from ..models.load import parse_dtype
 from ..pipeline import Pipeline, chat_messages
 from . import console
 from .options import (
@@ -27,6 +29,7 @@ from .options import (
     TreeTopK,
     decode_config,
 )
+from .resolve import has_drafter
 
 
 def generate(
@@ -50,6 +53,8 @@ def generate(
 ) -> None:
     """Decode one chat prompt with one method; --json prints one JSON object."""
     config = decode_config(method, max_new_tokens, temperature, top_k, top_p, seed, budget, depth, tree_top_k, kernels, option)
+    parse_dtype(dtype)
+    check_method(config, has_drafter(pair))  # a typo in --pair, --method or -o fails before any model loads
     with console.fetch_progress() as progress:
         pipeline = Pipeline.load(pair, dtype, device, progress)
     decoder = pipeline.decoder(config)

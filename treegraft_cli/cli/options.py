@@ -12,7 +12,8 @@ from ..methods import method_names
 from ..pipeline import DEFAULT_PAIR
 
 Pair = Annotated[str, typer.Option("--pair", help="DRAFTER:TARGET (aliases, paths, hub ids, NAME@layers=K; drafter eagle3:PATH for an EAGLE-3 head).")]
-Method = Annotated[str, typer.Option("--method", "-m", help="Decoding method: " + ", ".join(method_names()) + ".")]
+Method = Annotated[str, typer.Option("--method", "-m", help="Decoding method: " + ", ".join(method_names())
+                                     + " (`treegraft methods` shows their syntax and -o settings).")]
 Dtype = Annotated[str, typer.Option("--dtype", help="bf16 | fp16 | fp32.")]
 Device = Annotated[str, typer.Option("--device", help="cpu | cuda | auto (auto spreads a target over GPUs).")]
 MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens to generate.")]
@@ -29,7 +30,8 @@ MethodOptions = Annotated[
     typer.Option(
         "--option",
         "-o",
-        help="Method-specific setting KEY=VALUE (value read as YAML), repeatable: -o thresholds=[0.3,0.2,0.05].",
+        help="Method-specific setting KEY=VALUE (value read as YAML), repeatable: -o thresholds=[0.3,0.2,0.05]; "
+        "`treegraft methods` lists each method's keys and defaults.",
     ),
 ]
 

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from ..atomic import ensure_writable_dir
 from ..pipeline import Pipeline
 from ..scheduling.cost_profile import save_cost_profile
 from ..scheduling.profiler import (
@@ -40,12 +41,13 @@ def profile(
     if repeats < 1 or warmup < 0 or width < 1:
         raise typer.BadParameter("--repeats >= 1, --warmup >= 0 and --width >= 1")
     settings = ProfileSettings(parse_grid(tokens, "tokens"), parse_grid(contexts, "contexts"), warmup, repeats, width)
+    path = out or Path("runs/profile") / f"{_slug(run.pair)}-{run.device}-{run.dtype}.yaml"
+    ensure_writable_dir(path.parent)
     with console.fetch_progress() as progress:
         pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress)
     drafter = pipeline.drafter.model if pipeline.drafter is not None else None
     with console.counter_progress() as update:
         measured = measure_profile(run.pair, run.dtype, pipeline.target.model, drafter, settings, update)
-    path = out or Path("runs/profile") / f"{_slug(run.pair)}-{run.device}-{run.dtype}.yaml"
     save_cost_profile(measured, path)
     plot = path.with_suffix(".png")
     plot_profile(measured, plot)

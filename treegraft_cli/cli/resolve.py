@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..bench.contenders import PairShape
 from ..config import DecodeConfig
 from ..models.load import parse_dtype
 from ..pipeline import DEFAULT_PAIR
@@ -55,3 +56,8 @@ def resolve_run(
         method_options=dict(profile.method_options) if profile else {},
         profile_name=profile.name if profile else None,
     )
+
+
+def has_drafter(pair: str) -> bool:
+    """Whether ``pair`` names a drafter (``DRAFTER:TARGET``), checked from its names alone (see ``PairShape.of``)."""
+    return PairShape.of(pair).has_drafter

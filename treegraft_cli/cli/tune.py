@@ -9,13 +9,15 @@ from typing import Annotated
 
 import typer
 
+from ..atomic import ensure_writable_dir
 from ..bench.contenders import check_names
 from ..bench.suites import BENCHMARKS, suite_questions
+from ..methods import check_method
 from ..pipeline import Pipeline
 from ..tune import TuneSettings, best_trial, completed, export_profile, load_space, run_tune
 from ..tune.plots import write_study_plot
 from . import console
-from .resolve import resolve_run
+from .resolve import has_drafter, resolve_run
 
 
 def tune(
@@ -41,12 +43,14 @@ def tune(
     run = resolve_run(pair, None, dtype, device, max_new_tokens, 0.0, None, None, None)
     name = study or re.sub(r"[^\w.-]+", "_", f"{run.pair}--{method}")
     out = out or Path("runs/tune") / f"{name}.yaml"
+    base = dataclasses.replace(run.config, method=method, method_options=dict(run.method_options.get(method, {})))
+    check_method(base, has_drafter(run.pair))
+    questions = suite_questions(suite, prompts or (), num_prompts)
+    ensure_writable_dir(out.parent)
     if storage is None:
         out.parent.mkdir(parents=True, exist_ok=True)
         storage = f"sqlite:///{out.with_suffix('.db')}"
-    base = dataclasses.replace(run.config, method=method, method_options=dict(run.method_options.get(method, {})))
     settings = TuneSettings(run.pair, run.dtype, run.device, base, trials, storage, name, seed, memory)
-    questions = suite_questions(suite, prompts or (), num_prompts)
     with console.fetch_progress() as progress:
         pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress)
     with console.counter_progress() as update:

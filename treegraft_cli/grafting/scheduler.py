@@ -304,7 +304,11 @@ def _step(argument: str, options: TreeGraftConfig) -> CallPolicy:
 
 
 def _fixed(argument: str, options: TreeGraftConfig) -> CallPolicy:
-    return FixedLayers(options.call_budget, parse_layers(argument) if argument else options.layers)
+    layers = parse_layers(argument) if argument else options.layers
+    if not layers:  # no layers would silently be all-small
+        raise ConfigError("'fixed' needs the tree layers at which to call the strong drafter",
+                          "write fixed:1,3 (1-based layers), or add -o layers=1,3")
+    return FixedLayers(options.call_budget, layers)
 
 
 LEARNED = "learned"

