@@ -32,6 +32,7 @@ def test_tune_runs_resumes_and_exports_a_profile(tmp_path):
     study = optuna.load_study(study_name="s", storage=storage)
     assert len(study.trials) == 3
     assert study.trials[0].params == load_space("dense").defaults  # the reference settings go first, once
+    assert study.trials[2].params != study.trials[1].params  # the resumed run does not replay the first run's draws
     summary = json.loads(second.stdout.strip().splitlines()[-1])
     assert summary["trials"] == 3 and summary["profile"] == str(out)
     profile = load_profile(str(out))
