@@ -8,17 +8,16 @@ processes on the tiny-random pair, as on many machines sharing one database.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import optuna
 import pytest
 from postgres_server import Server
+from processes import finish, start_cli
 from test_cli_errors import assert_clean_failure, run_cli
 
 from treegraft_cli.config import DecodeConfig
@@ -28,7 +27,6 @@ from treegraft_cli.tune import TuneSettings, load_space, open_study
 
 pytestmark = pytest.mark.postgres
 
-ROOT = Path(__file__).resolve().parents[1]
 PAIR = "tiny-random@layers=2:tiny-random"
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 HEARTBEAT = 1  # seconds; a dead worker's trial is stale after 2 * HEARTBEAT
@@ -55,24 +53,11 @@ def tune_args(url: str, study: str, prompts: Path, out: Path, trials: int, token
             "--heartbeat", str(HEARTBEAT)]
 
 
-def start_worker(args: list[str], log: Path) -> subprocess.Popen:
-    # one thread each: two workers share this machine's cores
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    with log.open("w") as stream:
-        return subprocess.Popen([sys.executable, "-m", "treegraft_cli", *args], stdout=stream, stderr=subprocess.STDOUT,
-                                env=env, cwd=log.parent)
-
-
-def finish(worker: subprocess.Popen, log: Path) -> dict:
-    assert worker.wait(timeout=300) == 0, log.read_text()
-    return json.loads(log.read_text().strip().splitlines()[-1])
-
-
 def test_two_workers_share_one_study(postgres, tmp_path, capsys, monkeypatch):
     url = postgres.url("two_workers")
     prompts = prompts_file(tmp_path, 2)
     logs = [tmp_path / f"worker{i}.log" for i in range(2)]
-    workers = [start_worker(tune_args(url, "s", prompts, tmp_path / f"w{i}.yaml", 3), log) for i, log in enumerate(logs)]
+    workers = [start_cli(tune_args(url, "s", prompts, tmp_path / f"w{i}.yaml", 3), log) for i, log in enumerate(logs)]
     results = [finish(w, log) for w, log in zip(workers, logs, strict=True)]
 
     study = optuna.load_study(study_name="s", storage=url)
@@ -120,7 +105,7 @@ def test_killed_worker_leaves_no_trial_running(postgres, tmp_path):
     url = postgres.url("killed_worker")
     prompts = prompts_file(tmp_path, 4)
     storage = optuna.storages.RDBStorage(url)
-    worker = start_worker(tune_args(url, "k", prompts, tmp_path / "k.yaml", 20, tokens=32), tmp_path / "killed.log")
+    worker = start_cli(tune_args(url, "k", prompts, tmp_path / "k.yaml", 20, tokens=32), tmp_path / "killed.log")
     killed = wait_mid_trial(storage, "k", worker)
     worker.send_signal(signal.SIGKILL)
     worker.wait()
@@ -129,7 +114,7 @@ def test_killed_worker_leaves_no_trial_running(postgres, tmp_path):
     assert record.state == optuna.trial.TrialState.RUNNING  # as the kill left it
     time.sleep(2 * HEARTBEAT + 1.5)  # past the grace period: the trial is stale
 
-    rerun = finish(start_worker(tune_args(url, "k", prompts, tmp_path / "k.yaml", 2, tokens=32), tmp_path / "rerun.log"),
+    rerun = finish(start_cli(tune_args(url, "k", prompts, tmp_path / "k.yaml", 2, tokens=32), tmp_path / "rerun.log"),
                    tmp_path / "rerun.log")
     study = optuna.load_study(study_name="k", storage=url)
     assert study.trials[killed].state == optuna.trial.TrialState.FAIL
