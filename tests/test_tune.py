@@ -54,6 +54,15 @@ def test_every_space_loads_and_its_defaults_build_a_config(method):
         assert config.method_options["base_template"] == [8, 10, 8, 6, 5, 4, 4, 4, 3]
 
 
+def test_export_only_needs_an_existing_study(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'none.db'}"
+    result = CliRunner().invoke(app, ["tune", "--pair", PAIR, "--storage", storage, "--study", "nope", "--trials", "0",
+                                      "--out", str(tmp_path / "x.yaml")])
+    assert isinstance(result.exception, ConfigError) and "no study 'nope'" in str(result.exception)
+    assert not (tmp_path / "x.yaml").exists()
+    assert optuna.get_all_study_names(storage) == []  # exporting created nothing
+
+
 def test_malformed_space_names_the_field(tmp_path):
     bad = tmp_path / "x.yaml"
     bad.write_text("params:\n  tree.budget: {type: int, low: 9, high: 2}\n")

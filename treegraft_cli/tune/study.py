@@ -39,7 +39,7 @@ from ..errors import ConfigError
 from ..pipeline import Pipeline
 from ..profiles import Profile, dump_profile
 from .space import SearchSpace, apply
-from .storage import open_storage, worker_id
+from .storage import hide_password, open_storage, worker_id
 
 # (trial number, value or None when pruned/failed, done, total)
 TrialProgress = Callable[[int, float | None, int, int], None]
@@ -105,12 +105,18 @@ def open_study(settings: TuneSettings, space: SearchSpace) -> optuna.Study:
         pruner = optuna.pruners.NopPruner()
     storage = open_storage(settings.storage, settings.heartbeat_s)
     name = settings.study_name
+    created = False
     try:  # creation is one INSERT under a unique name: of many workers starting at once, exactly one creates
+        if settings.trials < 1:  # only exporting: never create an empty study
+            raise optuna.exceptions.DuplicatedStudyError
         study = optuna.create_study(storage=storage, study_name=name, directions=directions, pruner=pruner)
         created = True
     except optuna.exceptions.DuplicatedStudyError:
-        study = optuna.load_study(storage=storage, study_name=name, pruner=pruner)
-        created = False
+        try:
+            study = optuna.load_study(storage=storage, study_name=name, pruner=pruner)
+        except KeyError:
+            raise ConfigError(f"no study {name!r} in {hide_password(settings.storage)}",
+                              "check --study and --storage, or run trials first (--trials N)") from None
     if len(study.directions) != len(directions):
         raise ConfigError(f"study {name!r} has {len(study.directions)} objective(s), this run wants {len(directions)}",
                           "use the same --memory setting as the study's first run, or another --study name")
