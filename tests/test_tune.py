@@ -32,6 +32,7 @@ def test_tune_runs_resumes_and_exports_a_profile(tmp_path):
     study = optuna.load_study(study_name="s", storage=storage)
     assert len(study.trials) == 3
     assert study.trials[0].params == load_space("dense").defaults  # the reference settings go first, once
+    assert study.trials[2].params != study.trials[1].params  # the resumed run does not replay the first run's draws
     summary = json.loads(second.stdout.strip().splitlines()[-1])
     assert summary["trials"] == 3 and summary["profile"] == str(out)
     profile = load_profile(str(out))
@@ -51,6 +52,15 @@ def test_every_space_loads_and_its_defaults_build_a_config(method):
     if method == "graft":
         assert config.method_options["draft_nodes"] == [8, 24, 40]
         assert config.method_options["base_template"] == [8, 10, 8, 6, 5, 4, 4, 4, 3]
+
+
+def test_export_only_needs_an_existing_study(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'none.db'}"
+    result = CliRunner().invoke(app, ["tune", "--pair", PAIR, "--storage", storage, "--study", "nope", "--trials", "0",
+                                      "--out", str(tmp_path / "x.yaml")])
+    assert isinstance(result.exception, ConfigError) and "no study 'nope'" in str(result.exception)
+    assert not (tmp_path / "x.yaml").exists()
+    assert optuna.get_all_study_names(storage) == []  # exporting created nothing
 
 
 def test_malformed_space_names_the_field(tmp_path):

@@ -63,22 +63,23 @@ def collect(
     ensure_writable_dir(out)
     with console.fetch_progress() as progress:
         pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress)
-    costs = _costs(cost, out, pipeline, run.pair, run.dtype, config)
+    costs, measured = _costs(cost, out, pipeline, run.pair, run.dtype, config)
     with console.counter_progress() as update:
-        report = run_collect(pipeline, questions, settings, costs, out, index_count, update)
-    console.json_line({"out": str(out), "shard": shard, "cost_profile": costs.identity, **dataclasses.asdict(report)})
+        report = run_collect(pipeline, questions, settings, costs, out, index_count, update, costs_measured=measured)
+    console.json_line({"out": str(out), "shard": shard, **dataclasses.asdict(report)})
 
 
-def _costs(path: Path | None, out: Path, pipeline: Pipeline, pair: str, dtype: str, config) -> CostProfile:
+def _costs(path: Path | None, out: Path, pipeline: Pipeline, pair: str, dtype: str, config) -> tuple[CostProfile, bool]:
     """``--cost``; else the profile a previous run of this directory measured (resume keeps labels comparable);
-    else a quick in-process profile at the tree's sizes."""
+    else a quick in-process profile at the tree's sizes (True: measured here, yields to a profile another
+    worker records first)."""
     if path is not None:
-        return load_cost_profile(path)
+        return load_cost_profile(path), False
     if (out / SETTINGS_FILE).is_file():
-        return profile_from_document(read_settings(out)["cost_profile"], str(out / SETTINGS_FILE))
+        return profile_from_document(read_settings(out)["cost_profile"], str(out / SETTINGS_FILE)), False
     tree = config.tree
     tokens = tuple(sorted({1, 2 * tree.top_k, tree.budget + 1}))
     settings = ProfileSettings(tokens, QUICK_CONTEXTS, warmup=1, repeats=3, width=tree.top_k)
     drafter = pipeline.drafter.model if pipeline.drafter is not None else None
     console.info("no --cost given: measuring a quick cost profile (tree sizes only, one context)")
-    return measure_profile(pair, dtype, pipeline.target.model, drafter, settings)
+    return measure_profile(pair, dtype, pipeline.target.model, drafter, settings), True

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -18,10 +19,10 @@ stderr = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty()
 
 
 def error(message: str, hint: str = "") -> None:
-    """One clear line (two with a hint) on stderr; no traceback."""
-    stderr.print(f"[bold red]error:[/] {message}")
+    """One clear line (two with a hint) on stderr; no traceback. Brackets in the text are literal, not markup."""
+    stderr.print(f"[bold red]error:[/] {escape(message)}")
     if hint:
-        stderr.print(f"[yellow]fix:[/] {hint}")
+        stderr.print(f"[yellow]fix:[/] {escape(hint)}")
 
 
 def info(message: str) -> None:

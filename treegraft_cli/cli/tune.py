@@ -12,9 +12,20 @@ import typer
 from ..atomic import ensure_writable_dir
 from ..bench.contenders import check_names
 from ..bench.suites import BENCHMARKS, suite_questions
+from ..errors import ConfigError
 from ..methods import check_method
 from ..pipeline import Pipeline
-from ..tune import TuneSettings, best_trial, completed, export_profile, load_space, run_tune
+from ..tune import (
+    TuneSettings,
+    best_trial,
+    completed,
+    export_profile,
+    hide_password,
+    load_space,
+    open_study,
+    run_tune,
+    worker_id,
+)
 from ..tune.plots import write_study_plot
 from . import console
 from .resolve import has_drafter, resolve_run
@@ -23,8 +34,8 @@ from .resolve import has_drafter, resolve_run
 def tune(
     pair: Annotated[str | None, typer.Option("--pair", help="DRAFTER:TARGET (default: the local default pair).")] = None,
     method: Annotated[str, typer.Option("--method", "-m", help="Method to tune; its space is tuning/METHOD.yaml.")] = "dense",
-    trials: Annotated[int, typer.Option("--trials", help="Trials to run now (added to the study).")] = 20,
-    storage: Annotated[str | None, typer.Option("--storage", help="Optuna storage URL (default sqlite:///runs/tune/STUDY.db).")] = None,
+    trials: Annotated[int, typer.Option("--trials", help="Trials to run now (0: export the best).")] = 20,
+    storage: Annotated[str | None, typer.Option("--storage", help="sqlite:///FILE.db (default runs/tune/STUDY.db) | postgresql://...")] = None,
     study: Annotated[str | None, typer.Option("--study", help="Study name (default: PAIR--METHOD).")] = None,
     suite: Annotated[str, typer.Option("--suite", help=f"quick | full | comma list of {', '.join(BENCHMARKS)}.")] = "quick",
     prompts: Annotated[list[Path] | None, typer.Option("--prompts", help="FastChat question file(s); replace --suite.")] = None,
@@ -34,10 +45,13 @@ def tune(
     device: Annotated[str | None, typer.Option("--device", help="cpu | cuda | auto.")] = None,
     space: Annotated[Path | None, typer.Option("--space", help="Search-space YAML (default tuning/METHOD.yaml).")] = None,
     memory: Annotated[bool, typer.Option("--memory/--no-memory", help="Second objective: peak memory (Pareto front).")] = False,
-    seed: Annotated[int, typer.Option("--seed", help="TPE sampler seed.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="TPE sampler seed (mixed with the worker's identity).")] = 0,
+    heartbeat: Annotated[int, typer.Option("--heartbeat", help="Trial heartbeat, seconds (2 missed: retried).")] = 60,
     out: Annotated[Path | None, typer.Option("--out", help="Profile YAML to write (default runs/tune/STUDY.yaml).")] = None,
 ) -> None:
     """Search tree budget, depth, top-k and the method's options for the best speedup over ar."""
+    if trials < 0:
+        raise ConfigError(f"--trials {trials} < 0", "pass --trials 1 or more, or 0 to only export the study's best")
     check_names([method])  # an unregistered method fails here, naming the registered ones
     search = load_space(method, space)
     run = resolve_run(pair, None, dtype, device, max_new_tokens, 0.0, None, None, None)
@@ -45,33 +59,36 @@ def tune(
     out = out or Path("runs/tune") / f"{name}.yaml"
     base = dataclasses.replace(run.config, method=method, method_options=dict(run.method_options.get(method, {})))
     check_method(base, has_drafter(run.pair))
-    questions = suite_questions(suite, prompts or (), num_prompts)
+    questions = suite_questions(suite, prompts or (), num_prompts) if trials else []
     ensure_writable_dir(out.parent)
     if storage is None:
         out.parent.mkdir(parents=True, exist_ok=True)
         storage = f"sqlite:///{out.with_suffix('.db')}"
-    settings = TuneSettings(run.pair, run.dtype, run.device, base, trials, storage, name, seed, memory)
-    with console.fetch_progress() as progress:
-        pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress)
-    with console.counter_progress() as update:
-        update("timing ar", 0, trials)
+    settings = TuneSettings(run.pair, run.dtype, run.device, base, trials, storage, name, seed, memory, heartbeat)
+    result = open_study(settings, search)  # a bad URL, a dead server or another study's space fail before models load
+    ran: list[int] = []
+    if trials:
+        with console.fetch_progress() as progress:
+            pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress)
+        with console.counter_progress() as update:
+            update("timing ar", 0, trials)
 
-        def on_trial(number: int, value: float | None, done: int, total: int) -> None:
-            shown = "pruned" if value is None else f"{value:.3f}x"
-            update(f"trial {number}: {shown}", done, total)
+            def on_trial(number: int, value: float | None, done: int, total: int) -> None:
+                shown = "pruned" if value is None else f"{value:.3f}x"
+                update(f"trial {number}: {shown}", done, total)
 
-        result = run_tune(pipeline, search, settings, questions, on_trial)
+            ran = run_tune(pipeline, result, search, settings, questions, on_trial)
     profile = export_profile(result, search, settings, out)
     plot = write_study_plot(result, out.with_suffix(".png"))
     best = best_trial(result)
     rows = sorted(completed(result), key=lambda t: -t.values[0])[:10]
-    console.table(f"study {name} ({len(result.trials)} trials, {storage})",
+    console.table(f"study {name} ({len(result.trials)} trials, {hide_password(storage)})",
                   ["trial", "speedup", "peak MB", *search_keys(search)],
                   [(t.number, t.values[0], f"{t.user_attrs.get('peak_memory_mb', 0):.0f}",
                     *(t.params.get(k, "-") for k in search_keys(search))) for t in rows])
-    console.json_line({"profile": str(out), "plot": str(plot), "study": name, "storage": storage, "best_trial": best.number,
-                       "speedup": best.values[0], "params": best.params, "trials": len(result.trials),
-                       "pair": profile.pair, "method": method})
+    console.json_line({"profile": str(out), "plot": str(plot), "study": name, "storage": hide_password(storage),
+                       "best_trial": best.number, "speedup": best.values[0], "params": best.params,
+                       "trials": len(result.trials), "ran": ran, "worker": worker_id(), "pair": profile.pair, "method": method})
 
 
 def search_keys(search) -> list[str]:

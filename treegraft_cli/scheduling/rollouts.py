@@ -39,8 +39,18 @@ from ..methods import Method, Observation, Prefill
 from ..methods.treegraft import COST_CONTEXT, TreeGraftMethod
 from ..pipeline import Pipeline, chat_messages
 from ..tree import DraftTree
-from .cost_profile import CostProfile, profile_document
-from .shards import shard_key, shard_state, write_settings, write_shard
+from .cost_profile import CostProfile, profile_document, profile_from_document
+from .shards import (
+    SETTINGS_FILE,
+    claim_shard,
+    differing_settings,
+    other_settings_error,
+    record_settings,
+    shard_holder,
+    shard_key,
+    shard_state,
+    write_shard,
+)
 
 Progress = Callable[[str, int, int], None]
 
@@ -164,9 +174,11 @@ class ProbingMethod(Method):
 class CollectReport:
     prompts: int = 0  # prompts in this worker's shard
     collected: int = 0
-    skipped: int = 0  # finished in an earlier run
+    skipped: int = 0  # sealed before this worker came to them (an earlier run, or another worker)
     redone: int = 0  # torn or corrupt shards collected again
     rows: int = 0  # rows written in this run
+    waited: int = 0  # prompts another live worker was collecting: waited for, taken over only if left unsealed
+    cost_profile: str = ""  # identity of the cost profile the labels use
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -201,29 +213,64 @@ def collect(
     out: Path,
     shard: tuple[int, int] = (0, 1),
     progress: Progress | None = None,
+    costs_measured: bool = False,
 ) -> CollectReport:
-    """Decode this worker's prompts, writing one sealed shard per prompt; finished prompts are skipped."""
+    """Decode this worker's prompts, writing one sealed shard per prompt; finished prompts are skipped.
+
+    ``costs_measured``: ``costs`` were measured by this run, not chosen; when another worker recorded the
+    directory's settings first, its cost profile is taken instead, so all labels share one profile."""
     report_progress = progress or (lambda description, done, total: None)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_settings(out, settings.document(costs))
+    costs = _shared_settings(out, settings, costs, costs_measured)
     mine = [q for i, q in enumerate(questions) if i % shard[1] == shard[0]]
     decoder, probe = probing_decoder(pipeline, settings, costs)
-    report = CollectReport(prompts=len(mine))
+    report = CollectReport(prompts=len(mine), cost_profile=costs.identity)
+    busy = []
     for done, question in enumerate(mine):
         key = shard_key(question.benchmark, question.question_id)
-        status = shard_state(out, key).status
+        status = shard_state(out, key).status  # before our own claim file exists
         if status == "done":
             report.skipped += 1
             continue
         report_progress(f"collect {key}", done, len(mine))
-        rows = collect_question(pipeline, decoder, probe, question, key)
-        write_shard(out, key, rows, settings.fmt)
-        report.collected += 1
-        report.redone += status in ("torn", "corrupt")
-        report.rows += len(rows)
+        with claim_shard(out, key) as held:
+            if held:
+                _collect_claimed(pipeline, decoder, probe, question, key, status, out, settings.fmt, report)
+            else:
+                busy.append((question, key, status))
+    for question, key, status in busy:  # another worker had them: wait for it; a dead worker's key is taken over
+        report.waited += 1
+        report_progress(f"waiting for {key} ({shard_holder(out, key) or 'released'})", len(mine) - len(busy), len(mine))
+        with claim_shard(out, key, wait=True):
+            _collect_claimed(pipeline, decoder, probe, question, key, status, out, settings.fmt, report)
     report_progress("done", len(mine), len(mine))
     return report
+
+
+def _shared_settings(out: Path, settings: CollectSettings, costs: CostProfile, costs_measured: bool) -> CostProfile:
+    """Record this run's settings, or check them against the directory's; the cost profile labels must use."""
+    document = settings.document(costs)
+    recorded = record_settings(out, document)
+    differing = differing_settings(recorded, document)
+    if differing == ["cost_profile"] and costs_measured:
+        return profile_from_document(recorded["cost_profile"], str(out / SETTINGS_FILE))
+    if differing:
+        raise other_settings_error(out, differing)
+    return costs
+
+
+def _collect_claimed(pipeline: Pipeline, decoder: SpeculativeDecoder, probe: ProbingMethod, question, key: str,
+                     status: str, out: Path, fmt: str, report: CollectReport) -> None:
+    """Collect one prompt whose lock this worker holds (``status``: its state before the claim), unless it was
+    sealed meanwhile."""
+    if shard_state(out, key).status == "done":  # sealed by another worker between our check and our claim
+        report.skipped += 1
+        return
+    rows = collect_question(pipeline, decoder, probe, question, key)
+    write_shard(out, key, rows, fmt)
+    report.collected += 1
+    report.redone += status in ("torn", "corrupt")
+    report.rows += len(rows)
 
 
 def collect_question(pipeline: Pipeline, decoder: SpeculativeDecoder, probe: ProbingMethod, question, key: str) -> list[dict]:

@@ -6,14 +6,23 @@
   early (single-objective only: Optuna cannot prune multi-objective trials).
 * ``memory=True`` adds a second objective, peak memory in MiB (minimised), and the study keeps a
   Pareto front. On CPU the memory figure is the process's peak RSS, which never goes down; use it on GPU.
-* Storage is any URL Optuna accepts: ``sqlite:///file.db`` (default) or an RDB URL shared by many
-  workers. Studies resume: re-running adds trials; the space's defaults are enqueued only once.
+* Storage is any SQLAlchemy URL: ``sqlite:///file.db`` (default) or a server database
+  (``postgresql://USER@HOST/DB``) shared by workers on many machines. Studies resume: re-running adds
+  trials. The worker that creates the study enqueues the space's defaults, once; a worker joining a
+  study made with another method, pair or search space is refused before any model loads.
+* Workers beat a heartbeat while they run a trial. A worker that dies mid-trial (killed, preempted)
+  stops beating; after two missed intervals the next worker to start a trial marks it FAIL and
+  re-enqueues its parameters (at most ``RETRIES`` times), so no trial stays RUNNING for ever.
+* Each worker seeds TPE from ``--seed``, its identity and the study's size, so concurrent and resumed
+  workers do not repeat each other's random draws.
 * A configuration the method rejects (ConfigError) is pruned with the reason as a user attribute.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,9 +39,11 @@ from ..errors import ConfigError
 from ..pipeline import Pipeline
 from ..profiles import Profile, dump_profile
 from .space import SearchSpace, apply
+from .storage import hide_password, open_storage, worker_id
 
 # (trial number, value or None when pruned/failed, done, total)
 TrialProgress = Callable[[int, float | None, int, int], None]
+
 
 
 @dataclass(frozen=True)
@@ -46,6 +57,7 @@ class TuneSettings:
     study_name: str
     seed: int = 0
     memory: bool = False  # second objective: peak memory (MiB), minimised
+    heartbeat_s: int = 60  # a running trial's heartbeat; missing for 2 intervals, the trial is failed and retried
 
 
 @dataclass(frozen=True)
@@ -54,27 +66,72 @@ class Timing:
     seconds: float
 
 
+def signature(space: SearchSpace, settings: TuneSettings) -> dict:
+    """What trials of one study must share to be comparable: method, pair, searched and fixed values (JSON)."""
+    params = {p.key: {"kind": p.kind, "low": p.low, "high": p.high, "step": p.step, "log": p.log,
+                      "choices": dict(p.choices) if isinstance(p.choices, dict) else list(p.choices)}
+              for p in space.params}
+    document = {"method": space.method, "pair": settings.pair, "params": params, "fixed": dict(space.fixed)}
+    return json.loads(json.dumps(document, sort_keys=True, default=str))
+
+
+def _check_signature(study: optuna.Study, mine: dict) -> None:
+    """Record the signature on a new study; refuse a study whose recorded signature differs."""
+    recorded = study.user_attrs.get("signature")
+    if recorded is None:  # this worker created the study, or it predates signatures
+        study.set_user_attr("signature", mine)
+        return
+    if recorded == mine:
+        return
+    if recorded["method"] != mine["method"] or recorded["pair"] != mine["pair"]:
+        raise ConfigError(f"study {study.study_name!r} tunes {recorded['method']} on {recorded['pair']}, "
+                          f"this run {mine['method']} on {mine['pair']}",
+                          "use another --study name, or that method and pair")
+    keys = sorted(k for k in set(recorded["params"]) | set(mine["params"])
+                  if recorded["params"].get(k) != mine["params"].get(k))
+    keys += sorted(f"fixed {k}" for k in set(recorded["fixed"]) | set(mine["fixed"])
+                   if recorded["fixed"].get(k) != mine["fixed"].get(k))
+    raise ConfigError(f"study {study.study_name!r} was created with another search space ({', '.join(keys)} differ)",
+                      "tune it with the space it was made with (--space FILE), "
+                      "or start a new study with --study NAME")
+
+
 def open_study(settings: TuneSettings, space: SearchSpace) -> optuna.Study:
-    """Create or resume the study; enqueue the space's defaults when the study has no trials yet."""
+    """Create or join the study; its creator enqueues the space's defaults. Checks everything before models load."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     directions = ["maximize", "minimize"] if settings.memory else ["maximize"]
-    pruner = optuna.pruners.NopPruner() if settings.memory else optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
-    try:
-        study = optuna.create_study(
-            storage=settings.storage, study_name=settings.study_name, directions=directions, load_if_exists=True,
-            sampler=optuna.samplers.TPESampler(seed=settings.seed), pruner=pruner,
-        )
-    except (ValueError, ImportError, optuna.exceptions.StorageInternalError) as error:
-        raise ConfigError(f"cannot open study storage {settings.storage}: {error}",
-                          "use sqlite:///path/to/file.db or an RDB URL SQLAlchemy accepts") from None
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
+    if settings.memory:
+        pruner = optuna.pruners.NopPruner()
+    storage = open_storage(settings.storage, settings.heartbeat_s)
+    name = settings.study_name
+    created = False
+    try:  # creation is one INSERT under a unique name: of many workers starting at once, exactly one creates
+        if settings.trials < 1:  # only exporting: never create an empty study
+            raise optuna.exceptions.DuplicatedStudyError
+        study = optuna.create_study(storage=storage, study_name=name, directions=directions, pruner=pruner)
+        created = True
+    except optuna.exceptions.DuplicatedStudyError:
+        try:
+            study = optuna.load_study(storage=storage, study_name=name, pruner=pruner)
+        except KeyError:
+            raise ConfigError(f"no study {name!r} in {hide_password(settings.storage)}",
+                              "check --study and --storage, or run trials first (--trials N)") from None
     if len(study.directions) != len(directions):
-        raise ConfigError(f"study {settings.study_name!r} has {len(study.directions)} objective(s), this run wants {len(directions)}",
+        raise ConfigError(f"study {name!r} has {len(study.directions)} objective(s), this run wants {len(directions)}",
                           "use the same --memory setting as the study's first run, or another --study name")
-    if space.defaults and not study.trials:
+    _check_signature(study, signature(space, settings))
+    if created and space.defaults:
         study.enqueue_trial(dict(space.defaults), skip_if_exists=True)
     study.set_user_attr("method", space.method)
     study.set_user_attr("pair", settings.pair)
+    study.sampler = optuna.samplers.TPESampler(seed=session_seed(settings.seed, worker_id(), len(study.trials)))
     return study
+
+
+def session_seed(seed: int, worker: str, trials: int) -> int:
+    """TPE's seed for one worker session: --seed alone would replay the same random draws in every worker and rerun."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{worker}:{trials}".encode()).digest()[:4], "little")
 
 
 def time_questions(pipeline: Pipeline, contender, questions: Sequence[Question],
@@ -113,6 +170,7 @@ def make_objective(pipeline: Pipeline, space: SearchSpace, settings: TuneSetting
         cumulative.append(Timing(tokens, seconds))
 
     def objective(trial: optuna.Trial):
+        trial.set_user_attr("worker", worker_id())  # a retried trial arrives with its dead worker's attributes
         try:
             config = apply(settings.base, space.method, space.suggest(trial))
             contender = build_contender(pipeline, config)
@@ -140,25 +198,23 @@ def make_objective(pipeline: Pipeline, space: SearchSpace, settings: TuneSetting
     return objective
 
 
-def run_tune(pipeline: Pipeline, space: SearchSpace, settings: TuneSettings, questions: Sequence[Question],
-             progress: TrialProgress | None = None) -> optuna.Study:
-    """Open (or resume) the study and run ``settings.trials`` more trials."""
+def run_tune(pipeline: Pipeline, study: optuna.Study, space: SearchSpace, settings: TuneSettings,
+             questions: Sequence[Question], progress: TrialProgress | None = None) -> list[int]:
+    """Run ``settings.trials`` more trials of ``study`` (from ``open_study``); the numbers of the trials run here."""
     if settings.trials < 1:
         raise ConfigError(f"--trials {settings.trials} < 1", "pass --trials 1 or more")
-    study = open_study(settings, space)
     baseline = measure_baseline(pipeline, settings.base, questions)
     objective = make_objective(pipeline, space, settings, questions, baseline)
-    done = 0
+    ran: list[int] = []
 
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        nonlocal done
-        done += 1
+        ran.append(trial.number)
         if progress is not None:
             value = trial.values[0] if trial.values else None
-            progress(trial.number, value, done, settings.trials)
+            progress(trial.number, value, len(ran), settings.trials)
 
     study.optimize(objective, n_trials=settings.trials, callbacks=[callback], catch=())
-    return study
+    return ran
 
 
 def completed(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
