@@ -13,6 +13,7 @@ from .backends import VerifyBackend, select_backend
 from .config import DecodeConfig
 from .lm import CausalLM
 from .methods import Method, Models, Observation, Prefill, create_method
+from .syncs import HostReads, audited_count
 from .verify import Verdict
 
 
@@ -27,6 +28,8 @@ class StepStats:
     verify_s: float  # the target's verification forward
     host_s: float  # tree buffers, acceptance, KV commit, observation
     drafter_forward_s: float = 0.0  # the part of draft_s spent inside drafter model forwards
+    syncs: int = 0  # host-device synchronisations of the step outside model forwards (``HostReads``)
+    audited_syncs: int | None = None  # the same counted by a running ``SyncAuditor``; None without one
 
     @property
     def host_overhead_s(self) -> float:
@@ -92,6 +95,7 @@ class SpeculativeDecoder:
         self.backend = backend or select_backend(config.kernels, target.device)
         self.generator = torch.Generator(device=target.device)
         self.generator.manual_seed(config.seed)
+        self.reads = HostReads()  # every device value a step reads into Python goes through it
 
     def _sync(self) -> None:
         if self.target.device.type == "cuda":
@@ -136,6 +140,7 @@ class SpeculativeDecoder:
         return result
 
     def _step(self, committed: torch.Tensor, result: Generation) -> tuple[StepStats, torch.Tensor]:
+        reads_before, audited_before = self.reads.count, audited_count()
         t0 = time.perf_counter()
         drafter_before = self.drafter.forward_s if self.drafter is not None else 0.0
         tree = self.method.draft(committed)
@@ -158,6 +163,7 @@ class SpeculativeDecoder:
         self.method.observe(Observation(tree, verdict, logits, grown))
         self._sync()
         t3 = time.perf_counter()
+        audited_after = audited_count()
         stats = StepStats(
             accepted_length=num_accepted + 1,
             nodes_verified=tree.size,
@@ -166,6 +172,8 @@ class SpeculativeDecoder:
             verify_s=t2 - t1,
             host_s=t3 - t2,
             drafter_forward_s=drafter_forward_s,
+            syncs=self.reads.count - reads_before,
+            audited_syncs=None if audited_before is None else audited_after - audited_before,
         )
         return stats, grown
 

@@ -18,6 +18,8 @@ from contextlib import contextmanager
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from .syncs import uncounted
+
 GatherRows = Callable[[Sequence[torch.Tensor], torch.Tensor, int], None]
 
 
@@ -109,7 +111,7 @@ class CausalLM:
             position_ids = torch.arange(start, start + n, device=self.device)
         attention_mask = None if visible is None else additive_mask(visible, self.dtype)
         started = time.perf_counter()
-        with self._capturing() as captured:
+        with self._capturing() as captured, uncounted():
             out = self.model(
                 input_ids=input_ids[None],
                 position_ids=position_ids[None],

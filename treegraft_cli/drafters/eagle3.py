@@ -26,6 +26,7 @@ import torch
 from ..lm import CausalLM, additive_mask
 from ..models.eagle3 import aux_hidden_indices
 from ..models.eagle3_head import Eagle3Head
+from ..syncs import uncounted
 from ..tree import DraftTree
 from .model import ModelDrafter
 
@@ -144,7 +145,8 @@ class Eagle3Drafter(ModelDrafter):
         positions: torch.Tensor,  # [n]
         visible: torch.Tensor,  # [n, cache_length + n] bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, out = self.head(tokens, features, positions, additive_mask(visible, self.head.dtype), self.lm.cache)
+        with uncounted():
+            logits, out = self.head(tokens, features, positions, additive_mask(visible, self.head.dtype), self.lm.cache)
         self.lm.forward_calls += 1
         self.calls += 1
         return logits, out
