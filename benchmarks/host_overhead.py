@@ -72,18 +72,19 @@ def measure(pipeline: Pipeline, config: DecodeConfig, inputs: list[torch.Tensor]
         "syncs_per_step": per_step(audited, lambda s: s.syncs),
         "audited_syncs_per_step": per_step(audited, lambda s: s.audited_syncs or 0),
         "driver_syncs_per_step": len(driver) / audited_steps if device.type == "cuda" and audited_steps else None,
+        "torch_calls_per_step": auditor.torch_calls / audited_steps if audited_steps else 0.0,
         "audited_calls": dict(sorted(auditor.calls.items())),
     }
 
 
 def table(rows: dict[str, dict]) -> str:
-    head = f"{'method':<12} {'steps':>6} {'tau':>5} {'host ms/step':>13} {'±':>6} {'syncs/step':>11} {'audited':>8}"
+    head = f"{'method':<12} {'steps':>6} {'tau':>5} {'host ms/step':>13} {'±':>6} {'syncs/step':>11} {'audited':>8} {'torch calls':>12}"
     lines = [head, "-" * len(head)]
     for name, r in rows.items():
         driver = f" driver {r['driver_syncs_per_step']:.2f}" if r["driver_syncs_per_step"] is not None else ""
         lines.append(
             f"{name:<12} {r['steps']:>6} {r['tau']:>5.2f} {r['host_ms_per_step']:>13.3f} {r['host_ms_spread']:>6.3f} "
-            f"{r['syncs_per_step']:>11.2f} {r['audited_syncs_per_step']:>8.2f}{driver}"
+            f"{r['syncs_per_step']:>11.2f} {r['audited_syncs_per_step']:>8.2f} {r['torch_calls_per_step']:>12.1f}{driver}"
         )
     return "\n".join(lines)
 

@@ -30,19 +30,57 @@ from torch.overrides import TorchFunctionMode
 
 
 class HostReads:
-    """The decoding step's reads of device values; ``count`` is what a step's ``syncs`` reports."""
+    """The decoding step's reads of device values; ``count`` is what a step's ``syncs`` reports.
+
+    Code on the hot path reads through the module functions ``read`` and ``fetch``, which count on the
+    ``HostReads`` the engine put in place for the step (``counting``).
+    """
 
     def __init__(self) -> None:
         self.count = 0
 
-    def tolist(self, tensor: torch.Tensor) -> list[Any]:
-        """One transfer of a whole tensor: pack what a step needs into one tensor and read it once."""
-        self.count += 1
-        return tensor.tolist()
 
-    def item(self, tensor: torch.Tensor) -> int | float | bool:
-        self.count += 1
-        return tensor.item()
+def read(tensor: torch.Tensor) -> Any:
+    """``tensor.tolist()`` as one counted synchronisation: pack what is needed into one tensor, read it once."""
+    with uncounted():
+        value = tensor.tolist()
+    _note()
+    return value
+
+
+def fetch(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Host copies of ``tensors`` for one counted synchronisation (non-blocking copies, then one wait).
+
+    Host-side code works on the copies under ``host_only()``; on a CPU device they are the tensors themselves.
+    """
+    with uncounted():
+        devices = {t.device for t in tensors if t.device.type != "cpu"}
+        copies = tuple(t.to("cpu", non_blocking=True) for t in tensors)
+        for device in devices:
+            if device.type == "cuda":
+                torch.cuda.current_stream(device).synchronize()
+    _note()
+    return copies
+
+
+def _note() -> None:
+    reads = _READS.get()
+    if reads is not None:
+        reads.count += 1
+    auditor = _RUNNING.get()
+    if auditor is not None and not auditor._paused:
+        auditor.count += 1
+        auditor.calls["read"] = auditor.calls.get("read", 0) + 1
+
+
+@contextmanager
+def counting(reads: HostReads) -> Iterator[HostReads]:
+    """Count the reads of the code in this block (one decoding step) on ``reads``."""
+    token = _READS.set(reads)
+    try:
+        yield reads
+    finally:
+        _READS.reset(token)
 
 
 def _is_bool_index(index: Any) -> bool:
@@ -71,6 +109,11 @@ _ALWAYS = frozenset({
 _INDEXING = frozenset({_T.__getitem__, _T.__setitem__, _T.index_put_, _T.index_put, torch.index_put})
 
 
+def _is_attribute(func) -> bool:
+    """``tensor.shape``, ``.device``, ``.dtype``: attribute reads, not calls worth counting."""
+    return getattr(func, "__name__", "") == "__get__"
+
+
 class SyncAuditor(TorchFunctionMode):
     """Counts synchronising torch calls in its scope (see the module docstring); ``calls`` by name."""
 
@@ -78,10 +121,12 @@ class SyncAuditor(TorchFunctionMode):
         super().__init__()
         self.count = 0
         self.calls: dict[str, int] = {}
+        self.torch_calls = 0  # every torch call counted or not: a noise-free proxy of host overhead
         self._paused = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        self.torch_calls += not self._paused and not _is_attribute(func)
         if not self._paused and self._synchronises(func, args, kwargs):
             self.count += 1
             name = getattr(func, "__name__", str(func))
@@ -112,6 +157,8 @@ class SyncAuditor(TorchFunctionMode):
 
 # the auditor whose scope the current code runs in, if any: model forwards leave themselves out of its count
 _RUNNING: ContextVar[SyncAuditor | None] = ContextVar("treegraft_sync_auditor", default=None)
+# the step's own counter, set by the engine around each step
+_READS: ContextVar[HostReads | None] = ContextVar("treegraft_host_reads", default=None)
 
 
 def audited_count() -> int | None:
@@ -122,7 +169,8 @@ def audited_count() -> int | None:
 
 @contextmanager
 def uncounted() -> Iterator[None]:
-    """A model forward: its own synchronisations are the model's, not the decoding step's."""
+    """A model forward (its own synchronisations are the model's, not the decoding step's), a counted
+    ``read``, or host-side code working on host tensors (``fetch`` copies, host tables)."""
     auditor = _RUNNING.get()
     if auditor is None:
         yield
@@ -150,3 +198,12 @@ def cuda_sync_debug(device: torch.device) -> Iterator[list[str]]:
         finally:
             torch.cuda.set_sync_debug_mode(previous)
     messages.extend(str(w.message) for w in caught if "synchroniz" in str(w.message))
+
+
+host_only = uncounted  # host-side code on host tensors: nothing in it waits for a device
+
+
+def host_value(tensor: torch.Tensor) -> Any:
+    """``tolist()`` of a host tensor (a ``fetch`` copy, a host table): host work, not a synchronisation."""
+    with uncounted():
+        return tensor.tolist()

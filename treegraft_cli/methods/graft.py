@@ -32,6 +32,7 @@ from ..config import DecodeConfig
 from ..drafters.adjacency import AdjacencyTable
 from ..drafters.rank_template import BASE_TEMPLATE, RankTemplate, build_template, scale_counts
 from ..errors import ConfigError
+from ..syncs import read
 from ..tree import DraftTree
 from .base import Method, Models, Observation, Prefill, register
 from .model_drafting import DenseMethod
@@ -115,7 +116,7 @@ class AdjacencyMethod(Method):
         self.table.write_prompt(prefill.prompt_ids, prefill.logits)
 
     def draft(self, committed: torch.Tensor) -> DraftTree:
-        tree = DraftTree.from_root(int(committed[-1]), self.models.target.device)
+        tree = DraftTree.from_root(committed[-1:], self.models.target.device, capacity=self.config.tree.budget + 1)
         return self.table.graft(tree, self.template, self.config.tree.budget)
 
     def observe(self, observation: Observation) -> None:
@@ -179,7 +180,8 @@ class GraftMethod(DenseMethod):
     def draft(self, committed: torch.Tensor) -> DraftTree:
         k, budget = self.config.tree.top_k, self.config.tree.budget
         self.fired = None
-        tree = DraftTree.from_root(int(committed[-1]), self.drafter.device)
+        depth = self.config.tree.depth
+        tree = DraftTree.from_root(committed[-1:], self.drafter.device, capacity=1 + k + (depth - 1) * k * k)
         logits = self.drafter.begin_step(committed)[None]
         frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
         for layer in range(self.config.tree.depth):
@@ -198,7 +200,7 @@ class GraftMethod(DenseMethod):
         stages = [i for i, stage in enumerate(self.stages) if stage.layer == layer]
         if not stages:
             return None
-        best = float(tree.scores[tree.depths == layer + 1].max())  # log c_d
+        best = read(torch.where(tree.depths == layer + 1, tree.scores, float("-inf")).max())  # log c_d
         return next((i for i in stages if best < self.stages[i].log_threshold), None)
 
     def drafter_calls(self) -> dict[str, int]:
