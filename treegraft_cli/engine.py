@@ -182,7 +182,7 @@ class SpeculativeDecoder:
         reads_before, audited_before = self.reads.count, audited_count()
         clock = StepClock(self.target.device)
         drafter_before = self.drafter.forward_s if self.drafter is not None else 0.0
-        tree = self.method.draft(committed)
+        tree = self.method.draft(committed).to(self.target.device)
         clock.mark()
         prefix = self.target.cache_length
         logits = self.target.forward_tree(tree.tokens, tree.depths, tree.ancestor_mask())
@@ -197,10 +197,12 @@ class SpeculativeDecoder:
         packed = host_value(packed)
         num_accepted = packed[0]
         new_tokens = packed[1 : num_accepted + 2]
-        self._commit(prefix, path, packed[n + 1 : n + num_accepted + 2])
+        accepted = packed[n + 1 : n + num_accepted + 2]  # node indices, root first
+        self._commit(prefix, path, accepted)
         result.output_ids.extend(new_tokens)
         grown = torch.cat([committed, chain[: num_accepted + 1]])
-        self.method.observe(Observation(tree, verdict, logits, grown, num_accepted, new_tokens, tuple(host)))
+        observation = Observation(tree, verdict, logits, grown, num_accepted, new_tokens, accepted[1:], tuple(host))
+        self.method.observe(observation)
         clock.mark()
         self._sync()
         draft_s, verify_s, host_s = clock.spans()

@@ -121,13 +121,14 @@ class SyncAuditor(TorchFunctionMode):
         super().__init__()
         self.count = 0
         self.calls: dict[str, int] = {}
-        self.torch_calls = 0  # every torch call counted or not: a noise-free proxy of host overhead
-        self._paused = 0
+        self.torch_calls = 0  # every torch call outside model forwards: a noise-free proxy of host overhead
+        self._paused = 0  # inside a model forward: nothing counts
+        self._host = 0  # inside host-side code: calls count, synchronisations do not
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self.torch_calls += not self._paused and not _is_attribute(func)
-        if not self._paused and self._synchronises(func, args, kwargs):
+        if not self._paused and not self._host and self._synchronises(func, args, kwargs):
             self.count += 1
             name = getattr(func, "__name__", str(func))
             self.calls[name] = self.calls.get(name, 0) + 1
@@ -169,8 +170,7 @@ def audited_count() -> int | None:
 
 @contextmanager
 def uncounted() -> Iterator[None]:
-    """A model forward (its own synchronisations are the model's, not the decoding step's), a counted
-    ``read``, or host-side code working on host tensors (``fetch`` copies, host tables)."""
+    """A model forward (its own synchronisations are the model's, not the decoding step's) or a counted ``read``."""
     auditor = _RUNNING.get()
     if auditor is None:
         yield
@@ -200,10 +200,21 @@ def cuda_sync_debug(device: torch.device) -> Iterator[list[str]]:
     messages.extend(str(w.message) for w in caught if "synchroniz" in str(w.message))
 
 
-host_only = uncounted  # host-side code on host tensors: nothing in it waits for a device
+@contextmanager
+def host_only() -> Iterator[None]:
+    """Host-side code on host tensors (``fetch`` copies, host trees and tables): its reads wait for no device."""
+    auditor = _RUNNING.get()
+    if auditor is None:
+        yield
+        return
+    auditor._host += 1
+    try:
+        yield
+    finally:
+        auditor._host -= 1
 
 
 def host_value(tensor: torch.Tensor) -> Any:
     """``tolist()`` of a host tensor (a ``fetch`` copy, a host table): host work, not a synchronisation."""
-    with uncounted():
+    with host_only():
         return tensor.tolist()

@@ -240,6 +240,16 @@ class DraftTree:
         self.scores.scatter_reduce_(0, node, scores, reduce="amax")
         return node
 
+    def to(self, device: torch.device | str) -> DraftTree:
+        """This tree on ``device`` (itself when already there); a host tree's upload for verification."""
+        device = torch.device(device)
+        if device == self._device:
+            return self
+        copies = {name: getattr(self, name).to(device, non_blocking=True) for name in COLUMNS}
+        tree = DraftTree.__new__(DraftTree)
+        tree._adopt(copies, self.ancestor_mask().to(device, non_blocking=True), self._n, host=device.type == "cpu")
+        return tree
+
     def children_of(self, node: int) -> torch.Tensor:
         return torch.nonzero(self.parents == node).flatten()
 

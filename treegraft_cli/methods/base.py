@@ -43,6 +43,7 @@ class Observation:
     committed: torch.Tensor  # [length] all committed tokens after this step, new root last
     num_accepted: int
     new_tokens: list[int]  # the tokens this step committed: the accepted ones, then the bonus
+    accepted_nodes: list[int]  # their node indices (root excluded): ``path`` on the host
     host: tuple[torch.Tensor, ...] = ()  # host copies of what ``Method.readback`` asked for; () when not read
 
     @property

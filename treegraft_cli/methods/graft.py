@@ -186,7 +186,7 @@ class GraftMethod(DenseMethod):
         frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
         for layer in range(self.config.tree.depth):
             if layer > 0:
-                logits = self.drafter.forward_nodes(tree, frontier)
+                logits = self.drafter.forward_nodes(tree, frontier, ancestors_forwarded=True)
             frontier = self.expand(tree, frontier, logits, k)
             self.fired = self.stage_fired(tree, layer)
             if self.fired is not None:

@@ -59,7 +59,7 @@ class ChainMethod(ModelDraftingMethod):
             score, token = logp.max(dim=-1)
             last = tree.append_children(last, token, tree.scores[last] + score, ORIGIN_MODEL)
             if depth < length:
-                logits = self.drafter.forward_nodes(tree, last)
+                logits = self.drafter.forward_nodes(tree, last, ancestors_forwarded=True)
         return tree
 
 
@@ -82,7 +82,7 @@ class DenseMethod(ModelDraftingMethod):
         frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
         frontier = self.expand(tree, frontier, root_logits[None], k)
         for _ in range(depth - 1):
-            logits = self.drafter.forward_nodes(tree, frontier)
+            logits = self.drafter.forward_nodes(tree, frontier, ancestors_forwarded=True)
             frontier = self.expand(tree, frontier, logits, k)
         return tree
 
