@@ -16,7 +16,7 @@ from treegraft_cli.errors import ConfigError
 PAIR = "tiny-random@layers=2:tiny-random"
 METHOD_KEYS = {"kind", "config", "speedup", "tau", "tokens_per_s", "new_tokens", "wall_s", "steps", "lossless", "ties",
                "mismatches", "after_divergence", "acceptance_by_depth", "drafter_calls_per_step", "time_split",
-               "peak_memory_mb", "per_benchmark"}
+               "peak_memory_mb", "per_benchmark", "syncs_per_step"}
 
 
 def write_prompts(tmp_path):
@@ -54,6 +54,7 @@ def test_bench_writes_documented_schema(bench_run):
     assert results["methods"]["ar"]["speedup"] == pytest.approx(1.0)
     assert results["methods"]["ar"]["tau"] == pytest.approx(1.0)
     assert results["methods"]["hf-lookup"]["kind"] == "peer"
+    assert results["methods"]["dense"]["syncs_per_step"] == pytest.approx(1.0)  # the verdict read alone
     assert (out / "speedup.png").stat().st_size > 0 and (out / "tau.png").stat().st_size > 0
 
 

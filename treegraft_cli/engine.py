@@ -161,10 +161,11 @@ class SpeculativeDecoder:
         started = time.perf_counter()
         prefill_logits = self.target.forward(prompt_ids)
         first = self._verify(prefill_logits[-1:][None], DraftTree.from_root(prompt_ids[-1:], device)).bonus
-        self.method.start(Prefill(prompt_ids, prefill_logits))
+        first_token = first.tolist()
+        self.method.start(Prefill(prompt_ids, prefill_logits, first_token[0]))
         committed = torch.cat([prompt_ids, first])
         self._sync()
-        result = Generation(prompt_length=prompt_ids.numel(), output_ids=first.tolist())
+        result = Generation(prompt_length=prompt_ids.numel(), output_ids=first_token)
         result.prefill_s = time.perf_counter() - started
         while not self._finished(result):
             with counting(self.reads):

@@ -27,6 +27,12 @@ class Prefill:
 
     prompt_ids: torch.Tensor  # [prompt_length]
     logits: torch.Tensor  # [prompt_length, vocab] target logits at every prompt position
+    first_token: int | None = None  # the target's token after the prompt (the first root), read by the engine
+
+    def context(self) -> list[int]:
+        """The committed tokens when the first step starts, on the host (the prompt, then the first token)."""
+        ids = self.prompt_ids.tolist()
+        return ids if self.first_token is None else [*ids, self.first_token]
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,7 @@ class TreeGraftMethod(Method):
         self.host_tree = DraftTree.from_root(0, host=True)
         self.prompt_length = int(prefill.prompt_ids.numel())
         self.index.reset()
-        self.index.extend(prefill.prompt_ids.tolist())
+        self.index.extend(prefill.context())
         _record_prefill(self.target_logp, prefill)
         if self.strong is not None:
             self.strong.reset()
@@ -207,7 +207,7 @@ class NgramMethod(Method):
 
     def start(self, prefill: Prefill) -> None:
         self.index.reset()
-        self.index.extend(prefill.prompt_ids.tolist())
+        self.index.extend(prefill.context())
 
     def draft(self, committed: torch.Tensor) -> DraftTree:
         self.index.sync(committed)
