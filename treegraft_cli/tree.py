@@ -7,6 +7,8 @@ Python runs on the hot path.
 
 from __future__ import annotations
 
+import struct
+
 import torch
 
 from .syncs import host_only, read
@@ -65,6 +67,8 @@ class DraftTree:
         self._buffers, self._mask = buffers, mask
         self._capacity = mask.shape[0]
         self._n = n
+        self._key_index: dict[tuple[int, int], int] = {}  # host trees: (parent, token) → node, for merging
+        self._indexed = 0  # nodes already in _key_index
         self._refresh()
 
     @classmethod
@@ -108,7 +112,9 @@ class DraftTree:
             buffers[name][:n] = self._buffers[name][:n]
         mask = torch.zeros(capacity, capacity, dtype=torch.bool, device=self._device)
         mask[:n, :n] = self._mask[:n, :n]
+        index, indexed = self._key_index, self._indexed  # node indices do not change when the buffers grow
         self._adopt(buffers, mask, n, self.host)
+        self._key_index, self._indexed = index, indexed
 
     def _refresh(self) -> None:
         n, b = self._n, self._buffers
@@ -222,6 +228,8 @@ class DraftTree:
         m, n = parents.shape[0], self._n
         if m == 0:
             return parents
+        if self.host:
+            return self._add_children_on_host(parents, tokens, scores, origin, rescore)
         keys = _keys(parents, tokens)  # [m]
         same_existing = keys[:, None] == _keys(self.parents, self.tokens)[None, :]  # [m, n]
         in_tree = same_existing.any(dim=1)
@@ -249,6 +257,91 @@ class DraftTree:
         tree = DraftTree.__new__(DraftTree)
         tree._adopt(copies, self.ancestor_mask().to(device, non_blocking=True), self._n, host=device.type == "cpu")
         return tree
+
+    def _add_children_on_host(
+        self, parents: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor, origin: int, rescore: bool
+    ) -> torch.Tensor:
+        """``add_children`` for a host tree: a Python index of (parent, token) pairs does the merging (a few
+        dozen requests cost less in Python than in tensor ops)."""
+        with host_only():
+            index = self._indexed_keys()
+            n, new, node = self._n, [], []
+            for i, key in enumerate(zip(parents.tolist(), tokens.tolist(), strict=True)):
+                j = index.get(key)
+                if j is None:
+                    j = index[key] = n + len(new)
+                    new.append(i)
+                node.append(j)
+            if new:
+                self._reserve(len(new))
+                first = torch.tensor(new)
+                self._write(n, parents[first], tokens[first], scores[first], origin)
+                self._indexed = self._n  # the new keys are in the index already
+            node = torch.tensor(node)
+            if rescore:  # touched nodes forget their old score and take the (best) new one
+                self.scores[node] = float("-inf")
+            self.scores.scatter_reduce_(0, node, scores, reduce="amax")
+            return node
+
+    def add_chains(
+        self,
+        parents: torch.Tensor,  # [c] node each chain hangs under
+        tokens: torch.Tensor,  # [c, width] chain tokens
+        step_scores: torch.Tensor,  # [c, width] float32 each token's own log-prob; -inf ends a chain
+        origin: int,
+    ) -> list[int]:
+        """Hang chains on a host tree; returns each chain's first node.
+
+        Exactly the tree one ``add_children`` per chain level gives (a token whose (parent, token) pair exists,
+        or was added earlier, merges into that node; every node keeps the best score offered to it, a level's
+        scores computed before the level's merges), done in Python over a key index: a few hundred tokens
+        cost less than per-level tensor ops. Scores are float32 sums: a double-precision sum of two float32
+        values rounded to float32 is the float32 sum.
+        """
+        with host_only():
+            index = self._indexed_keys()
+            scores = self.scores.tolist()
+            n, start = self._n, self._n
+            current = parents.tolist()
+            chains, steps = tokens.tolist(), step_scores.tolist()
+            new_parents, new_tokens = [], []
+            touched: set[int] = set()
+            heads: list[int] = []
+            for level in range(tokens.shape[1]):
+                active = [c for c, row in enumerate(steps) if row[level] != float("-inf")]
+                offered = [_float32(scores[current[c]] + steps[c][level]) for c in active]
+                for c, score in zip(active, offered, strict=True):
+                    key = (current[c], chains[c][level])
+                    node = index.get(key)
+                    if node is None:  # a new node, numbered in request order, level by level
+                        node = index[key] = n
+                        n += 1
+                        new_parents.append(key[0])
+                        new_tokens.append(key[1])
+                        scores.append(score)
+                    scores[node] = max(scores[node], score)
+                    touched.add(node)
+                    current[c] = node
+                if level == 0:
+                    heads = list(current)
+            if new_parents:
+                self._reserve(n - start)
+                self._write(start, torch.tensor(new_parents), torch.tensor(new_tokens), torch.tensor(scores[start:]),
+                            origin, generations=tokens.shape[1])
+                self._indexed = n  # the index holds the new keys already
+            old = sorted(j for j in touched if j < start)
+            if old:
+                self.scores[torch.tensor(old)] = torch.tensor([scores[j] for j in old])
+            return heads
+
+    def _indexed_keys(self) -> dict[tuple[int, int], int]:
+        """The (parent, token) → node index of a host tree, extended to the nodes written since."""
+        if self._indexed < self._n:
+            pairs = zip(self.parents[self._indexed :].tolist(), self.tokens[self._indexed :].tolist(), strict=True)
+            for j, key in enumerate(pairs, start=self._indexed):
+                self._key_index[key] = j
+            self._indexed = self._n
+        return self._key_index
 
     def children_of(self, node: int) -> torch.Tensor:
         return torch.nonzero(self.parents == node).flatten()
@@ -324,6 +417,11 @@ class DraftTree:
         keys = _keys(self.parents, self.tokens)
         if torch.unique(keys).numel() != n:
             raise AssertionError("siblings must have distinct tokens")
+
+
+def _float32(value: float) -> float:
+    """``value`` rounded to the nearest float32 (what a float32 tensor would hold)."""
+    return struct.unpack("f", struct.pack("f", value))[0]
 
 
 def _keys(parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

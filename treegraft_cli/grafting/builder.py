@@ -233,18 +233,9 @@ class LayerLoop:
         return padded, torch.where(torch.arange(width)[None, :] < lengths[:, None], logp, float("-inf"))
 
     def add_chains(self, tree: DraftTree, proposal: WeakProposal) -> torch.Tensor:  # -> [c] chain head nodes
-        """Hang every chain under its parent, one batched ``add_children`` per chain level; return the heads."""
-        logp = proposal.preview.logp.to(tree.device)  # [c, width]
-        current = proposal.preview.parents.clone()
-        heads = current
-        for level in range(logp.shape[1]):
-            active = torch.isfinite(logp[:, level])
-            scores = tree.scores[current[active]] + logp[active, level]
-            nodes = tree.add_children(current[active], proposal.preview.tokens[active, level], scores, ORIGIN_NGRAM)
-            current[active] = nodes
-            if level == 0:
-                heads = nodes
-        return heads
+        """Hang every chain under its parent (merging into existing nodes); return the heads."""
+        preview = proposal.preview
+        return torch.tensor(tree.add_chains(preview.parents, preview.tokens, preview.logp, ORIGIN_NGRAM))
 
     # -- call: the strong drafter -------------------------------------------------------------------
 
