@@ -132,7 +132,7 @@ class LayerLoop:
                 wanted = forced[layer] if layer in forced else policy.decide(state)
                 call = wanted and self.strong is not None and bool(state.candidates.any())
             if call:
-                self.strong_layer(g, layer, committed)
+                self.strong_layer(g, layer, committed, state.candidates)
                 g.called.append(layer)
             else:
                 with host_only():
@@ -239,11 +239,15 @@ class LayerLoop:
 
     # -- call: the strong drafter -------------------------------------------------------------------
 
-    def strong_layer(self, g: Growth, layer: int, committed: torch.Tensor) -> None:
-        """Call: one strong forward, then one read of what the host needs (see ``StrongLookup``)."""
+    def strong_layer(self, g: Growth, layer: int, committed: torch.Tensor, window: torch.Tensor | None = None) -> None:
+        """Call: one strong forward, then one read of what the host needs (see ``StrongLookup``).
+
+        ``window``: the layer's grafting window ([num_nodes] bool) when the caller has it already.
+        """
         tree, k = g.tree, self.shape.top_k
         with host_only():
-            window = graft_window(tree, layer, self.options.lookback, self.options.max_depth, g.expanded)
+            if window is None:
+                window = graft_window(tree, layer, self.options.lookback, self.options.max_depth, g.expanded)
             pooled = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
             pooled[top_nodes(tree.scores, window, self.pool)] = True
             needed = (g.rows < 0) & (has_children(tree) | pooled)

@@ -36,8 +36,8 @@ def graft_window(tree: DraftTree, layer: int, lookback: int, max_depth: int, exp
     and the lookback reaches shallower), not already expanded by the strong drafter, room for a child.
     """
     depths = tree.depths
-    lowest = max(0, layer - lookback)
-    return (depths >= lowest) & (depths <= layer - 1) & (depths < max_depth) & ~expanded
+    lowest, highest = max(0, layer - lookback), min(layer - 1, max_depth - 1)
+    return (depths >= lowest) & (depths <= highest) & ~expanded
 
 
 def top_nodes(scores: torch.Tensor, allowed: torch.Tensor, k: int) -> torch.Tensor:
