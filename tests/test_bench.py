@@ -45,6 +45,7 @@ def test_bench_writes_documented_schema(bench_run):
     assert summary["results"] == str(out / "results.json") and summary["lossless"] is True
     results = json.loads((out / "results.json").read_text())
     assert results["schema"] == SCHEMA and results["baseline"] == "ar"
+    assert results["thinking"] is None  # no --thinking/--no-thinking, no profile: the template's default
     assert results["benchmarks"] == ["qa", "mt"] and results["num_questions"] == 2
     assert list(results["methods"]) == ["ar", "dense", "hf-lookup"]
     for name, method in results["methods"].items():

@@ -3,7 +3,7 @@
 ``results.json`` (schema ``treegraft.bench/1``; keys are only ever added, never renamed)::
 
     schema, created, pair, profile, dtype, device, benchmarks, num_questions, max_new_tokens,
-    temperature, tie_tolerance, baseline ("ar"), environment {python, torch, transformers, treegraft, device_name},
+    temperature, tie_tolerance, thinking (the chat template's enable_thinking; null: its default), baseline ("ar"), environment {python, torch, transformers, treegraft, device_name},
     lossless            all contenders lossless (null at temperature > 0: not checked)
     failures            [{method, benchmark, question_id, turn, position, gap}] mismatches, each a failure
     methods: {NAME: {

@@ -25,6 +25,7 @@ from ..bench.results import build_results
 from ..bench.suites import BENCHMARKS
 from ..pipeline import Pipeline
 from . import console
+from .options import Thinking
 from .resolve import resolve_run
 
 QUICK_MAX_NEW_TOKENS = 64  # the quick suite's default: about 10 minutes on 2 CPU cores for the default pair
@@ -50,17 +51,19 @@ def bench(
     tolerance: Annotated[float, typer.Option("--tolerance", help="Allowed fractional drop in speedup and τ vs the baseline.")] = 0.1,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write speedup.png and tau.png.")] = True,
     scheduler: Annotated[Path | None, typer.Option("--scheduler", help="Distilled scheduler (`treegraft distill`) the treegraft method decides with.")] = None,
+    thinking: Thinking = None,
 ) -> None:
     """Run methods side by side (ar first) on a suite; table, results.json, Spec-Bench answers, plots."""
     default_tokens = QUICK_MAX_NEW_TOKENS if suite == "quick" and not prompts else None
-    run = resolve_run(pair, profile, dtype, device, max_new_tokens or default_tokens, temperature, budget, depth, tree_top_k)
+    run = resolve_run(pair, profile, dtype, device, max_new_tokens or default_tokens, temperature, budget, depth, tree_top_k,
+                      thinking)
     chosen = split_methods(methods) if methods else None
     if chosen:
         check_names(chosen)  # before the data and the models load
     questions = suite_questions(suite, prompts or (), num_prompts)
     reference = load_baseline(baseline) if baseline else None
     with console.fetch_progress() as progress:
-        pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress)
+        pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress, run.thinking)
     names = chosen or default_methods(pipeline, run.config.sampling.greedy)
     method_options = dict(run.method_options)
     if scheduler is not None:
@@ -70,7 +73,7 @@ def bench(
     with console.counter_progress() as update:
         records = run_bench(pipeline, configs, questions, tolerance_ties, progress=update)
     meta = {"pair": run.pair, "profile": run.profile_name, "dtype": run.dtype, "device": run.device,
-            "tie_tolerance": tolerance_ties}
+            "tie_tolerance": tolerance_ties, "thinking": run.thinking}
     results = build_results(records, meta)
     path = write_outputs(out, results, records)
     if plots:

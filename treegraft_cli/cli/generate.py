@@ -22,6 +22,7 @@ from .options import (
     Pair,
     Seed,
     Temperature,
+    Thinking,
     TopK,
     TopP,
     TreeTopK,
@@ -47,11 +48,12 @@ def generate(
     device: Device = "cpu",
     system: Annotated[str | None, typer.Option("--system", help="System message (none by default).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
+    thinking: Thinking = None,
 ) -> None:
     """Decode one chat prompt with one method; --json prints one JSON object."""
     config = decode_config(method, max_new_tokens, temperature, top_k, top_p, seed, budget, depth, tree_top_k, kernels, option)
     with console.fetch_progress() as progress:
-        pipeline = Pipeline.load(pair, dtype, device, progress)
+        pipeline = Pipeline.load(pair, dtype, device, progress, thinking)
     decoder = pipeline.decoder(config)
     prompt_ids = pipeline.encode_chat(chat_messages([prompt], system=system))
     generation = decoder.generate(prompt_ids)

@@ -24,6 +24,13 @@ Budget = Annotated[int, typer.Option("--budget", "-N", help="Tree budget: non-ro
 Depth = Annotated[int, typer.Option("--depth", "-D", help="Tree depth (chain length for `chain`).")]
 TreeTopK = Annotated[int, typer.Option("--tree-top-k", "-K", help="Frontier width / children per expanded node.")]
 Kernels = Annotated[str, typer.Option("--kernels", help="auto | torch | triton verification backend.")]
+Thinking = Annotated[
+    bool | None,
+    typer.Option(
+        "--thinking/--no-thinking",
+        help="Chat template's enable_thinking (Qwen3 templates think by default; default: the profile's, else the template's).",
+    ),
+]
 MethodOptions = Annotated[
     list[str] | None,
     typer.Option(

@@ -21,6 +21,7 @@ class RunSettings:
     config: DecodeConfig
     method_options: Mapping[str, Mapping[str, Any]]
     profile_name: str | None
+    thinking: bool | None = None  # the chat template's enable_thinking; None: the template's default
 
 
 def resolve_run(
@@ -33,6 +34,7 @@ def resolve_run(
     budget: int | None,
     depth: int | None,
     tree_top_k: int | None,
+    thinking: bool | None = None,
 ) -> RunSettings:
     """Explicit options win over the profile (``--profile``, else the bundled profile of ``--pair``), which wins over defaults."""
     profile: Profile | None = load_profile(profile_name) if profile_name else profile_for_pair(pair or DEFAULT_PAIR)
@@ -54,4 +56,5 @@ def resolve_run(
         config=decode_config_from_mapping(values, "settings"),
         method_options=dict(profile.method_options) if profile else {},
         profile_name=profile.name if profile else None,
+        thinking=thinking if thinking is not None else (profile.thinking if profile else None),
     )

@@ -15,6 +15,7 @@ from ..pipeline import Pipeline
 from ..tune import TuneSettings, best_trial, completed, export_profile, load_space, run_tune
 from ..tune.plots import write_study_plot
 from . import console
+from .options import Thinking
 from .resolve import resolve_run
 
 
@@ -34,11 +35,12 @@ def tune(
     memory: Annotated[bool, typer.Option("--memory/--no-memory", help="Second objective: peak memory (Pareto front).")] = False,
     seed: Annotated[int, typer.Option("--seed", help="TPE sampler seed.")] = 0,
     out: Annotated[Path | None, typer.Option("--out", help="Profile YAML to write (default runs/tune/STUDY.yaml).")] = None,
+    thinking: Thinking = None,
 ) -> None:
     """Search tree budget, depth, top-k and the method's options for the best speedup over ar."""
     check_names([method])  # an unregistered method fails here, naming the registered ones
     search = load_space(method, space)
-    run = resolve_run(pair, None, dtype, device, max_new_tokens, 0.0, None, None, None)
+    run = resolve_run(pair, None, dtype, device, max_new_tokens, 0.0, None, None, None, thinking)
     name = study or re.sub(r"[^\w.-]+", "_", f"{run.pair}--{method}")
     out = out or Path("runs/tune") / f"{name}.yaml"
     if storage is None:
@@ -48,7 +50,7 @@ def tune(
     settings = TuneSettings(run.pair, run.dtype, run.device, base, trials, storage, name, seed, memory)
     questions = suite_questions(suite, prompts or (), num_prompts)
     with console.fetch_progress() as progress:
-        pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress)
+        pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress, run.thinking)
     with console.counter_progress() as update:
         update("timing ar", 0, trials)
 
@@ -57,7 +59,7 @@ def tune(
             update(f"trial {number}: {shown}", done, total)
 
         result = run_tune(pipeline, search, settings, questions, on_trial)
-    profile = export_profile(result, search, settings, out)
+    profile = export_profile(result, search, settings, out, thinking=run.thinking)
     plot = write_study_plot(result, out.with_suffix(".png"))
     best = best_trial(result)
     rows = sorted(completed(result), key=lambda t: -t.values[0])[:10]
