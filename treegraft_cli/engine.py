@@ -130,22 +130,24 @@ class SpeculativeDecoder:
         if self.drafter is not None:
             self.drafter.settle_timing()
 
-    def _uniforms(self, n: int) -> torch.Tensor:
-        return torch.rand(1, n, generator=self.generator, device=self.target.device)
+    def _uniforms(self, n: int, device: torch.device) -> torch.Tensor:
+        # drawn where the generator lives (the same stream of uniforms on any layout), used where the logits are
+        return torch.rand(1, n, generator=self.generator, device=self.target.device).to(device)
 
     def _verify(
         self,
         logits: torch.Tensor,  # [1, nodes, vocab]
-        tree: DraftTree,
+        tree: DraftTree,  # on the logits' device
     ) -> Verdict:
         sampling = self.config.sampling
         if sampling.greedy and tree.num_nodes == 1:  # the root alone: its choice is the bonus
-            return Verdict(self._root_path, self._root_path[0], self.backend.greedy_choices(logits)[0])
+            root = self._root_path.to(logits.device)
+            return Verdict(root, root[0], self.backend.greedy_choices(logits)[0])
         tokens, parents = tree.tokens[None], tree.parents[None]
         buffers = (tree.ancestor_mask()[None], tree.depths[None])
         if sampling.greedy:
             return self.backend.verify_greedy(logits, tokens, parents, buffers)
-        uniforms = self._uniforms(tokens.shape[-1])
+        uniforms = self._uniforms(tokens.shape[-1], logits.device)
         return self.backend.verify_sampling(
             logits, tokens, parents, uniforms, sampling.temperature, sampling.top_k, sampling.top_p, buffers
         )
@@ -160,10 +162,11 @@ class SpeculativeDecoder:
         self.target.reset()
         started = time.perf_counter()
         prefill_logits = self.target.forward(prompt_ids)
-        first = self._verify(prefill_logits[-1:][None], DraftTree.from_root(prompt_ids[-1:], device)).bonus
+        root = DraftTree.from_root(prompt_ids[-1:], prefill_logits.device)
+        first = self._verify(prefill_logits[-1:][None], root).bonus
         first_token = first.tolist()
         self.method.start(Prefill(prompt_ids, prefill_logits, first_token[0]))
-        committed = torch.cat([prompt_ids, first])
+        committed = torch.cat([prompt_ids, first.to(device)])
         self._sync()
         result = Generation(prompt_length=prompt_ids.numel(), output_ids=first_token)
         result.prefill_s = time.perf_counter() - started
@@ -188,6 +191,8 @@ class SpeculativeDecoder:
         prefix = self.target.cache_length
         logits = self.target.forward_tree(tree.tokens, tree.depths, tree.ancestor_mask())
         clock.mark()
+        # a target spread over devices returns logits from its last: verify there (moving the tree, not the logits)
+        tree = tree.to(logits.device)
         verdict = self._verify(logits[None], tree)
         extras = self.method.readback(tree, verdict, logits)
         n = tree.num_nodes
@@ -201,7 +206,7 @@ class SpeculativeDecoder:
         accepted = packed[n + 1 : n + num_accepted + 2]  # node indices, root first
         self._commit(prefix, path, accepted)
         result.output_ids.extend(new_tokens)
-        grown = torch.cat([committed, chain[: num_accepted + 1]])
+        grown = torch.cat([committed, chain[: num_accepted + 1].to(committed.device)])
         observation = Observation(tree, verdict, logits, grown, num_accepted, new_tokens, accepted[1:], tuple(host))
         self.method.observe(observation)
         clock.mark()

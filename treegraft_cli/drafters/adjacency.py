@@ -21,8 +21,11 @@ from .rank_template import RankTemplate
 
 
 class AdjacencyTable:
-    def __init__(self, k: int):
+    def __init__(self, k: int, device: torch.device | str | None = None):
+        """``device``: where trees are grafted (the table lives there; written rows move to it). None: where
+        the first logits written are."""
         self.k = k
+        self.device = None if device is None else torch.device(device)
         self.table: torch.Tensor | None = None  # [vocab, k] int64, allocated at the first write
         self.written: torch.Tensor | None = None  # [vocab] bool
 
@@ -81,11 +84,11 @@ class AdjacencyTable:
         self.write(tree.tokens, logits, rank)
 
     def _allocate(self, logits: torch.Tensor) -> None:
-        vocab = logits.shape[-1]
+        vocab, device = logits.shape[-1], self.device or logits.device
         if self.table is None or self.table.shape[0] < vocab:
             # one scratch row past the vocabulary takes the writes a later one overrides
-            self._rows = torch.zeros(vocab + 1, self.k, dtype=torch.long, device=logits.device)
-            self._written = torch.zeros(vocab + 1, dtype=torch.bool, device=logits.device)
+            self._rows = torch.zeros(vocab + 1, self.k, dtype=torch.long, device=device)
+            self._written = torch.zeros(vocab + 1, dtype=torch.bool, device=device)
             self.table, self.written = self._rows[:vocab], self._written[:vocab]
 
     def materialise(

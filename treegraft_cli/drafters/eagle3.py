@@ -65,7 +65,8 @@ class Eagle3Drafter(ModelDrafter):
         n = tokens.shape[0]
         positions = torch.arange(start, start + n, device=self.device)
         visible = torch.ones(n, start + n, dtype=torch.bool, device=self.device).tril(diagonal=start)
-        logits, features = self._forward(tokens, self.head.fuse(states), positions, visible)
+        # the target's states come from its layers' devices: the head reads them on its own
+        logits, features = self._forward(tokens, self.head.fuse(states.to(self.device)), positions, visible)
         self.committed_length += n
         self.row_logits, self.row_features = logits[-1:], features[-1:]
         return self._to_target(logits[-1:])[0]

@@ -107,7 +107,7 @@ class AdjacencyMethod(Method):
         budget, k = config.tree.budget, self.options.table_k
         counts = self.options.template or scale_counts(self.options.base_template, budget, k)
         self.template = build_template(counts, budget, k, models.target.device)
-        self.table = AdjacencyTable(k)
+        self.table = AdjacencyTable(k, models.target.device)
 
     def reset_table(self) -> None:
         self.table.reset()
@@ -146,8 +146,8 @@ class GraftMethod(DenseMethod):
 
     def __init__(self, models: Models, config: DecodeConfig):
         super().__init__(models, config)
-        self.table = AdjacencyTable(self.options.table_k)
-        self.stages = self._stages(models.target.device)
+        self.table = AdjacencyTable(self.options.table_k, models.drafter.device)  # grafted onto the drafter's trees
+        self.stages = self._stages(models.drafter.device)
         self.fired: int | None = None
 
     def _stages(self, device: torch.device) -> tuple[Stage, ...]:
