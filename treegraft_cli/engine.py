@@ -10,7 +10,9 @@ from typing import Any
 import torch
 
 from .backends import VerifyBackend, select_backend
+from .capture import bucket, check_mode
 from .config import DecodeConfig
+from .errors import ConfigError
 from .lm import CausalLM
 from .methods import Method, Models, Observation, Prefill, create_method
 from .syncs import HostReads, audited_count, counting, fetch, host_value
@@ -117,6 +119,10 @@ class SpeculativeDecoder:
         vocab_size = target.model.config.vocab_size
         shared = {} if measurements is None else measurements
         self.method: Method = create_method(config, Models(target, drafter, vocab_size, shared))
+        check_mode(config.compile, target.device)
+        if config.compile != "off" and target.capture_indices:
+            raise ConfigError(f"--compile {config.compile} cannot capture the hidden states an EAGLE-3 head reads",
+                              "use --compile off with an EAGLE-3 drafter")
         self.backend = backend or select_backend(config.kernels, target.device)
         self.generator = torch.Generator(device=target.device)
         self.generator.manual_seed(config.seed)
@@ -159,6 +165,8 @@ class SpeculativeDecoder:
     ) -> Generation:
         device = self.target.device
         prompt_ids = prompt_ids.to(device)
+        if self.config.compile != "off":
+            self.target.use_static(self.config.compile, self._static_capacity(prompt_ids.numel()))
         self.target.reset()
         started = time.perf_counter()
         prefill_logits = self.target.forward(prompt_ids)
@@ -226,6 +234,13 @@ class SpeculativeDecoder:
             audited_syncs=None if audited_before is None else audited_after - audited_before,
         )
         return stats, grown
+
+    def _static_capacity(self, prompt_length: int) -> int:
+        """Cache rows a request may use: prompt, new tokens, the last step's overshoot and one padded tree,
+        rounded up so that requests of similar length share one static cache (and its captured graphs)."""
+        tree = bucket(self.config.tree.budget + 1)
+        needed = prompt_length + self.config.max_new_tokens + self.config.tree.depth + 1 + tree
+        return -(-needed // 512) * 512
 
     def _commit(self, prefix: int, path: torch.Tensor, accepted: list[int]) -> None:
         """Keep the target's cache rows of the root and the accepted nodes (``path`` [n] on the device,

@@ -16,8 +16,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel, StaticCache
 
+from .capture import StaticVerifier, bucket
 from .syncs import uncounted
 
 GatherRows = Callable[[Sequence[torch.Tensor], torch.Tensor, int], None]
@@ -64,6 +65,10 @@ class CausalLM:
         self._timed: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # CUDA forwards not yet in forward_s
         self.capture_indices: tuple[int, ...] = ()
         self.last_hidden: torch.Tensor | None = None  # [n, len(capture_indices) * hidden] after a forward
+        # static shapes (``use_static``): the verify forward runs through a StaticVerifier over a StaticCache
+        self.verifier: StaticVerifier | None = None
+        self._static_cache: StaticCache | None = None
+        self._length = 0  # rows in use in the static cache (its own count lives on the device)
 
     def capture_hidden_states(self, indices: Sequence[int]) -> None:
         """Keep these hidden states of every later forward in ``last_hidden``, concatenated in this order.
@@ -88,11 +93,26 @@ class CausalLM:
 
     @property
     def cache_length(self) -> int:
-        return self.cache.get_seq_length()
+        return self._length if self.verifier is not None else self.cache.get_seq_length()
+
+    def use_static(self, mode: str, capacity: int) -> None:
+        """Verify forwards with static shapes (``capture.py``) over a StaticCache of at least ``capacity`` rows.
+
+        The cache and the verifier (its compiled function or captured graphs) are kept while they fit, so
+        later requests replay what the first one captured.
+        """
+        verifier = self.verifier
+        if verifier is None or verifier.mode != mode or verifier.capacity < capacity:
+            self.verifier = StaticVerifier(self.model, mode, capacity, self.dtype, self.device)
+            self._static_cache = StaticCache(config=self.model.config, max_cache_len=capacity)
 
     def reset(self) -> None:
-        self.cache = DynamicCache(config=self.model.config)
         self.last_hidden = None
+        if self.verifier is None:
+            self.cache = DynamicCache(config=self.model.config)
+            return
+        self.cache = self._static_cache
+        self._crop_layers(self._filled_layers(), 0)  # the last request's rows: the write position goes back
 
     @torch.no_grad()
     def forward(
@@ -109,6 +129,10 @@ class CausalLM:
         third of the forward.
         """
         attention_mask = None if visible is None else additive_mask(visible, self.dtype)
+        if attention_mask is not None and self.verifier is not None:  # a static cache: the mask spans all of it
+            wide = attention_mask.new_full((*attention_mask.shape[:-1], self.verifier.capacity), torch.finfo(self.dtype).min)
+            wide[..., : attention_mask.shape[-1]] = attention_mask
+            attention_mask = wide
         return self._forward(input_ids, position_ids, attention_mask, logits_to_keep)
 
     @torch.no_grad()
@@ -136,6 +160,8 @@ class CausalLM:
             )
         if self.capture_indices:
             self.last_hidden = torch.cat([captured[i][0].to(self.device) for i in self.capture_indices], dim=-1)
+        if self.verifier is not None:
+            self._length += n
         if events is None:
             self.forward_s += time.perf_counter() - started
         else:
@@ -183,11 +209,29 @@ class CausalLM:
         """Verification forward: each node sees the whole cache plus its own ancestors."""
         prefix = self.cache_length
         n = tokens.shape[0]
+        if self.verifier is not None:
+            return self._forward_static(tokens, depths, ancestor_mask, prefix)
         if n == 1:
             return self.forward(tokens)
         mask = torch.zeros(n, prefix + n, dtype=self.dtype, device=self.device)
         mask[:, prefix:].masked_fill_(~ancestor_mask, torch.finfo(self.dtype).min)
         return self._forward(tokens, prefix + depths, mask[None, None])
+
+    @torch.no_grad()
+    def _forward_static(self, tokens, depths, ancestor_mask, prefix: int) -> torch.Tensor:  # -> [n, vocab]
+        """The padded verify forward; the cache then holds the bucket's rows (the commit cuts the padding)."""
+        events = self._device_timing()
+        started = time.perf_counter()
+        with uncounted():
+            logits = self.verifier.forward(self.cache, tokens, depths, ancestor_mask, prefix)
+        self._length = prefix + bucket(tokens.shape[0])
+        if events is None:
+            self.forward_s += time.perf_counter() - started
+        else:
+            events[1].record()
+            self._timed.append(events)
+        self.forward_calls += 1
+        return logits
 
     @torch.no_grad()
     def commit(self, keep_positions: torch.Tensor, start: int, gather: GatherRows | None = None) -> None:
@@ -216,8 +260,13 @@ class CausalLM:
     def _filled_layers(self) -> list:
         return [layer for layer in self.cache.layers if getattr(layer, "is_initialized", True) and layer.keys is not None]
 
-    @staticmethod
-    def _crop_layers(layers: Sequence, end: int) -> None:
+    def _crop_layers(self, layers: Sequence, end: int) -> None:
+        if self.verifier is not None:  # a static cache keeps its tensors: only the write position moves back
+            if end < self._length:
+                for layer in layers:
+                    layer.cumulative_length.fill_(end)
+                self._length = end
+            return
         for layer in layers:
             if layer.keys.shape[-2] > end:
                 layer.keys = layer.keys[..., :end, :]

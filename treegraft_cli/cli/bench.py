@@ -25,7 +25,7 @@ from ..bench.results import build_results
 from ..bench.suites import BENCHMARKS
 from ..pipeline import Pipeline
 from . import console
-from .options import Thinking
+from .options import Compile, Thinking
 from .resolve import resolve_run
 
 QUICK_MAX_NEW_TOKENS = 64  # the quick suite's default: about 10 minutes on 2 CPU cores for the default pair
@@ -52,11 +52,12 @@ def bench(
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write speedup.png and tau.png.")] = True,
     scheduler: Annotated[Path | None, typer.Option("--scheduler", help="Distilled scheduler (`treegraft distill`) the treegraft method decides with.")] = None,
     thinking: Thinking = None,
+    compile: Compile = None,
 ) -> None:
     """Run methods side by side (ar first) on a suite; table, results.json, Spec-Bench answers, plots."""
     default_tokens = QUICK_MAX_NEW_TOKENS if suite == "quick" and not prompts else None
     run = resolve_run(pair, profile, dtype, device, max_new_tokens or default_tokens, temperature, budget, depth, tree_top_k,
-                      thinking)
+                      thinking, compile)
     chosen = split_methods(methods) if methods else None
     if chosen:
         check_names(chosen)  # before the data and the models load

@@ -12,6 +12,7 @@ from .options import (
     DEFAULT_PAIR,
     DEFAULTS,
     Budget,
+    Compile,
     Depth,
     Device,
     Dtype,
@@ -49,9 +50,12 @@ def generate(
     system: Annotated[str | None, typer.Option("--system", help="System message (none by default).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
     thinking: Thinking = None,
+    compile: Compile = None,
 ) -> None:
     """Decode one chat prompt with one method; --json prints one JSON object."""
-    config = decode_config(method, max_new_tokens, temperature, top_k, top_p, seed, budget, depth, tree_top_k, kernels, option)
+    config = decode_config(
+        method, max_new_tokens, temperature, top_k, top_p, seed, budget, depth, tree_top_k, kernels, option, compile
+    )
     with console.fetch_progress() as progress:
         pipeline = Pipeline.load(pair, dtype, device, progress, thinking)
     decoder = pipeline.decoder(config)

@@ -24,6 +24,13 @@ Budget = Annotated[int, typer.Option("--budget", "-N", help="Tree budget: non-ro
 Depth = Annotated[int, typer.Option("--depth", "-D", help="Tree depth (chain length for `chain`).")]
 TreeTopK = Annotated[int, typer.Option("--tree-top-k", "-K", help="Frontier width / children per expanded node.")]
 Kernels = Annotated[str, typer.Option("--kernels", help="auto | torch | triton verification backend.")]
+Compile = Annotated[
+    str | None,
+    typer.Option(
+        "--compile",
+        help="off | static | compile | cudagraphs: the verify forward's static shapes and capture (default off).",
+    ),
+]
 Thinking = Annotated[
     bool | None,
     typer.Option(
@@ -55,6 +62,7 @@ def decode_config(
     tree_top_k: int,
     kernels: str,
     options: Sequence[str] | None = None,
+    compile: str | None = None,
 ) -> DecodeConfig:
     return DecodeConfig(
         method=method,
@@ -63,6 +71,7 @@ def decode_config(
         max_new_tokens=max_new_tokens,
         seed=seed,
         kernels=kernels,
+        compile=compile or "off",
         method_options=parse_options(options or ()),
     )
 

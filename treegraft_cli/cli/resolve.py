@@ -35,6 +35,7 @@ def resolve_run(
     depth: int | None,
     tree_top_k: int | None,
     thinking: bool | None = None,
+    compile: str | None = None,
 ) -> RunSettings:
     """Explicit options win over the profile (``--profile``, else the bundled profile of ``--pair``), which wins over defaults."""
     profile: Profile | None = load_profile(profile_name) if profile_name else profile_for_pair(pair or DEFAULT_PAIR)
@@ -47,6 +48,8 @@ def resolve_run(
         values["sampling"] = {**values.get("sampling", {}), "temperature": temperature}
     if max_new_tokens is not None:
         values["max_new_tokens"] = max_new_tokens
+    if compile is not None:
+        values["compile"] = compile
     chosen_dtype = dtype or (profile.dtype if profile else "bf16")
     parse_dtype(chosen_dtype)  # an unknown dtype fails here, naming the valid ones
     return RunSettings(

@@ -15,7 +15,7 @@ from ..pipeline import Pipeline
 from ..tune import TuneSettings, best_trial, completed, export_profile, load_space, run_tune
 from ..tune.plots import write_study_plot
 from . import console
-from .options import Thinking
+from .options import Compile, Thinking
 from .resolve import resolve_run
 
 
@@ -36,11 +36,12 @@ def tune(
     seed: Annotated[int, typer.Option("--seed", help="TPE sampler seed.")] = 0,
     out: Annotated[Path | None, typer.Option("--out", help="Profile YAML to write (default runs/tune/STUDY.yaml).")] = None,
     thinking: Thinking = None,
+    compile: Compile = None,
 ) -> None:
     """Search tree budget, depth, top-k and the method's options for the best speedup over ar."""
     check_names([method])  # an unregistered method fails here, naming the registered ones
     search = load_space(method, space)
-    run = resolve_run(pair, None, dtype, device, max_new_tokens, 0.0, None, None, None, thinking)
+    run = resolve_run(pair, None, dtype, device, max_new_tokens, 0.0, None, None, None, thinking, compile)
     name = study or re.sub(r"[^\w.-]+", "_", f"{run.pair}--{method}")
     out = out or Path("runs/tune") / f"{name}.yaml"
     if storage is None:
