@@ -129,8 +129,7 @@ class AdjacencyTable:
             return tree
         device, n, size = tree.device, tree.num_nodes, template.size
         table, written = self.table.to(device), self.written.to(device)
-        parents, ranks = template.parents.to(device) + 1, template.ranks.to(device)
-        prior = template.log_prior.to(device)
+        parents = template.parents.to(device) + 1
         existing = tree.parents * (1 << 32) + tree.tokens  # [n] keys (parent, token)
         # per candidate (slot 0 the root): token, valid, resolved node (existing index, or n + slot - 1 if new)
         tokens = torch.zeros(size + 1, dtype=torch.long, device=device)
@@ -139,23 +138,26 @@ class AdjacencyTable:
         valid[0] = True
         node = torch.zeros(size + 1, dtype=torch.long, device=device)
         score = torch.zeros(size + 1, device=device)
+        score[:1] = tree.scores[:1]
         scores = torch.cat([tree.scores, tree.scores.new_full((1,), float("-inf"))])  # [n + 1], n: scratch
-        for level in template.levels:
-            level = level.to(device)
-            slot = level + 1
-            parent = parents[level]
+        for level, slot, parent, rank, prior in template.level_columns(device):
             parent_tokens = tokens[parent]
-            tokens[slot] = table[parent_tokens, ranks[level]]
+            tokens[slot] = table[parent_tokens, rank]
             valid[slot] = valid[parent] & written[parent_tokens]
+            if n == 1:  # a bare root: nothing to merge into, every candidate is new
+                score[slot] = score[parent] + prior
+                node[slot] = n + level
+                continue
             parent_node = node[parent]
             parent_score = torch.where(parent_node < n, scores[parent_node.clamp(max=n)], score[parent])
-            score[slot] = parent_score + prior[level]
+            score[slot] = parent_score + prior
             same = (parent_node * (1 << 32) + tokens[slot])[:, None] == existing[None, :]  # [l, n]
             merged = same.any(dim=1) & valid[slot]
             match = same.byte().argmax(dim=1)
             node[slot] = torch.where(merged, match, n + level)
             scores.scatter_reduce_(0, torch.where(merged, match, n), score[slot], reduce="amax")
-        tree.scores = scores[:n]
+        if n > 1:
+            tree.scores = scores[:n]
         is_new = valid[1:] & (node[1:] >= n)  # [size] in priority order
         kept = is_new & (torch.cumsum(is_new, 0) <= slots)
         count = int(tree._read(kept.sum()))
