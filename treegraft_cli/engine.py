@@ -236,10 +236,11 @@ class SpeculativeDecoder:
         return stats, grown
 
     def _static_capacity(self, prompt_length: int) -> int:
-        """Cache rows a request may use: prompt, new tokens, the last step's overshoot and one padded tree,
-        rounded up so that requests of similar length share one static cache (and its captured graphs)."""
+        """Cache rows a request may use: prompt, new tokens, the last step's overshoot (at most a tree's worth)
+        and one padded tree, rounded up so that requests of similar length share one static cache (and its
+        captured graphs)."""
         tree = bucket(self.config.tree.budget + 1)
-        needed = prompt_length + self.config.max_new_tokens + self.config.tree.depth + 1 + tree
+        needed = prompt_length + self.config.max_new_tokens + self.config.tree.budget + 1 + tree
         return -(-needed // 512) * 512
 
     def _commit(self, prefix: int, path: torch.Tensor, accepted: list[int]) -> None:
