@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -124,6 +125,8 @@ class SpeculativeDecoder:
             raise ConfigError(f"--compile {config.compile} cannot capture the hidden states an EAGLE-3 head reads",
                               "use --compile off with an EAGLE-3 drafter")
         self.backend = backend or select_backend(config.kernels, target.device)
+        verify = self.backend.verify_greedy if config.sampling.greedy else self.backend.verify_sampling
+        self._takes_buffers = "buffers" in inspect.signature(verify).parameters
         self.generator = torch.Generator(device=target.device)
         self.generator.manual_seed(config.seed)
         self.reads = HostReads()  # every device value a step reads into Python goes through it
@@ -150,12 +153,14 @@ class SpeculativeDecoder:
             root = self._root_path.to(logits.device)
             return Verdict(root, root[0], self.backend.greedy_choices(logits)[0])
         tokens, parents = tree.tokens[None], tree.parents[None]
-        buffers = (tree.ancestor_mask()[None], tree.depths[None])
+        # the tree's own ancestor mask spares the torch reference rebuilding it (backends written against the
+        # plain four-call interface do not take it)
+        extra = {"buffers": (tree.ancestor_mask()[None], tree.depths[None])} if self._takes_buffers else {}
         if sampling.greedy:
-            return self.backend.verify_greedy(logits, tokens, parents, buffers)
+            return self.backend.verify_greedy(logits, tokens, parents, **extra)
         uniforms = self._uniforms(tokens.shape[-1], logits.device)
         return self.backend.verify_sampling(
-            logits, tokens, parents, uniforms, sampling.temperature, sampling.top_k, sampling.top_p, buffers
+            logits, tokens, parents, uniforms, sampling.temperature, sampling.top_k, sampling.top_p, **extra
         )
 
     def generate(
