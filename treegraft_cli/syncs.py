@@ -7,12 +7,15 @@ the queue drains, so the host cannot prepare the next kernels while the device r
 
 Two counters, used together:
 
-- ``HostReads``: every value the decoding step needs on the host is read through one of its methods,
-  which count. Always on and free: this is the number ``StepStats.syncs`` and bench report.
+- ``HostReads``: every value a decoding step needs on the host is read through ``read`` (one tensor) or
+  ``fetch`` (several, one wait), which count on the step's ``HostReads``. Always on and free: this is the
+  number ``StepStats.syncs`` and bench report.
 - ``SyncAuditor``: a ``TorchFunctionMode`` that counts every synchronising call in its scope, wherever it
   comes from (a stray ``int(tensor)`` included). It costs about 2 µs per torch call, so it runs in tests and
-  in ``benchmarks/host_overhead.py``, never in timed runs; ``paused()`` leaves model forwards out (the
-  model's own code is not the hot path this counts). On CUDA, ``cuda_sync_debug`` adds the driver's view.
+  in ``benchmarks/host_overhead.py``, never in timed runs. ``uncounted()`` leaves model forwards out (the
+  model's own code is not the hot path this counts); ``host_only()`` marks code working on host tensors
+  (a host tree, a host table, ``fetch`` copies), whose conversions wait for no device. On CUDA,
+  ``cuda_sync_debug`` adds the driver's own count.
 
 The auditor is what keeps ``HostReads`` honest: on a CPU run the two must agree (tests/test_syncs.py).
 """
