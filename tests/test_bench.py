@@ -16,7 +16,7 @@ from treegraft_cli.errors import ConfigError
 PAIR = "tiny-random@layers=2:tiny-random"
 METHOD_KEYS = {"kind", "config", "speedup", "tau", "tokens_per_s", "new_tokens", "wall_s", "steps", "lossless", "ties",
                "mismatches", "after_divergence", "acceptance_by_depth", "drafter_calls_per_step", "time_split",
-               "peak_memory_mb", "per_benchmark"}
+               "peak_memory_mb", "per_benchmark", "syncs_per_step"}
 
 
 def write_prompts(tmp_path):
@@ -45,6 +45,7 @@ def test_bench_writes_documented_schema(bench_run):
     assert summary["results"] == str(out / "results.json") and summary["lossless"] is True
     results = json.loads((out / "results.json").read_text())
     assert results["schema"] == SCHEMA and results["baseline"] == "ar"
+    assert results["thinking"] is None  # no --thinking/--no-thinking, no profile: the template's default
     assert results["benchmarks"] == ["qa", "mt"] and results["num_questions"] == 2
     assert list(results["methods"]) == ["ar", "dense", "hf-lookup"]
     for name, method in results["methods"].items():
@@ -54,6 +55,7 @@ def test_bench_writes_documented_schema(bench_run):
     assert results["methods"]["ar"]["speedup"] == pytest.approx(1.0)
     assert results["methods"]["ar"]["tau"] == pytest.approx(1.0)
     assert results["methods"]["hf-lookup"]["kind"] == "peer"
+    assert results["methods"]["dense"]["syncs_per_step"] == pytest.approx(1.0)  # the verdict read alone
     assert (out / "speedup.png").stat().st_size > 0 and (out / "tau.png").stat().st_size > 0
 
 

@@ -114,3 +114,55 @@ def test_kv_commit_equals_recompute(tiny_pair):
     for committed, recomputed in zip(lm.cache.layers, fresh.cache.layers, strict=False):
         torch.testing.assert_close(committed.keys, recomputed.keys, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(committed.values, recomputed.values, atol=1e-5, rtol=1e-5)
+
+
+@st.composite
+def trees_and_chains(draw):
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    vocab = draw(st.integers(3, 12))
+    parents = draw(random_parents(max_nodes=12))
+    tokens = [1] + [int(t) for t in torch.randint(0, vocab, (len(parents) - 1,), generator=generator)]
+    tree = DraftTree.from_root(tokens[0], host=True)
+    for i, parent in enumerate(parents[1:], start=1):  # a repeated token merges: parents index the nodes so far
+        parent = min(parent, tree.num_nodes - 1)
+        tree.add_children(torch.tensor([parent]), torch.tensor([tokens[i]]), -torch.rand(1, generator=generator), ORIGIN_MODEL)
+    c = draw(st.integers(1, 6))
+    width = draw(st.integers(1, 5))
+    chain_parents = torch.randint(0, tree.num_nodes, (c,), generator=generator)
+    chain_tokens = torch.randint(0, vocab, (c, width), generator=generator)
+    steps = -torch.rand(c, width, generator=generator) * 3
+    lengths = torch.randint(1, width + 1, (c,), generator=generator)
+    steps[torch.arange(width)[None, :] >= lengths[:, None]] = float("-inf")
+    return tree, chain_parents, chain_tokens, steps
+
+
+def _level_by_level(tree: DraftTree, parents, tokens, steps) -> list[int]:
+    current, heads = parents.clone(), None
+    for level in range(tokens.shape[1]):
+        active = torch.isfinite(steps[:, level])
+        nodes = tree.add_children(current[active], tokens[active, level], tree.scores[current[active]] + steps[active, level], ORIGIN_MODEL)
+        current[active] = nodes
+        heads = nodes.tolist() if level == 0 else heads
+    return heads
+
+
+@settings(max_examples=80, deadline=None)
+@given(case=trees_and_chains())
+def test_host_chains_equal_level_by_level_merging(case):
+    """Hanging chains on a host tree in Python gives the tree one tensor add_children per level gives."""
+    tree, parents, tokens, steps = case
+    first = {name: getattr(tree, name).clone() for name in ("tokens", "parents", "scores")}
+    reference = DraftTree(**{name: getattr(tree, name).clone() for name in
+                             ("tokens", "parents", "depths", "scores", "origins", "kv_slot")})
+    # chains under one parent start with distinct tokens (the n-gram index's promise)
+    keep = [i for i in range(parents.numel()) if all(
+        not (parents[j] == parents[i] and tokens[j, 0] == tokens[i, 0]) for j in range(i))]
+    parents, tokens, steps = parents[keep], tokens[keep], steps[keep]
+    heads = tree.add_chains(parents, tokens, steps, ORIGIN_MODEL)
+    expected = _level_by_level(reference, parents, tokens, steps)
+    assert heads == expected
+    for name in ("tokens", "parents", "depths", "scores"):
+        assert torch.equal(getattr(tree, name), getattr(reference, name)), name
+    assert torch.equal(tree.ancestor_mask(), reference.ancestor_mask())
+    assert torch.equal(tree.tokens[: first["tokens"].numel()], first["tokens"])
+    tree.validate()

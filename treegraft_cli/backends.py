@@ -2,7 +2,8 @@
 
 The backend is chosen once when the engine is built. ``torch`` runs the reference implementations in
 ``verify.py`` and ``lm.gather_rows``; ``triton`` runs the kernels in ``treegraft_cli.kernels`` behind the
-same four calls, so the engine never knows which one it has.
+same four calls, so the engine never knows which one it has. ``buffers`` (ancestor mask and depths, which a
+``DraftTree`` keeps) spare the torch reference rebuilding them; the Triton walk does not need them.
 """
 
 from __future__ import annotations
@@ -28,11 +29,14 @@ class VerifyBackend:
     def tree_buffers(self, parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [batch, nodes]
         return verify.tree_buffers(parents)
 
-    def verify_greedy(self, logits, tokens, parents) -> verify.Verdict:
-        return verify.verify_greedy(logits, tokens, parents)
+    def greedy_choices(self, logits: torch.Tensor) -> torch.Tensor:  # [batch, nodes, vocab] -> [batch, nodes]
+        return verify.argmax_choices(logits)
 
-    def verify_sampling(self, logits, tokens, parents, uniforms, temperature, top_k, top_p) -> verify.Verdict:
-        return verify.verify_sampling(logits, tokens, parents, uniforms, temperature, top_k, top_p)
+    def verify_greedy(self, logits, tokens, parents, buffers=None) -> verify.Verdict:
+        return verify.verify_greedy(logits, tokens, parents, buffers)
+
+    def verify_sampling(self, logits, tokens, parents, uniforms, temperature, top_k, top_p, buffers=None) -> verify.Verdict:
+        return verify.verify_sampling(logits, tokens, parents, uniforms, temperature, top_k, top_p, buffers)
 
     def commit(self, lm: CausalLM, keep_positions: torch.Tensor, start: int) -> None:  # [m]
         lm.commit(keep_positions, start)
@@ -51,17 +55,22 @@ class TritonBackend(VerifyBackend):
         # imported here, not at module load: the kernel modules need triton (and TRITON_INTERPRET set first)
         load = importlib.import_module
         self._tree_buffers = load("treegraft_cli.kernels.tree_buffers").tree_buffers
-        self._greedy = load("treegraft_cli.kernels.greedy").verify_greedy
+        greedy = load("treegraft_cli.kernels.greedy")
+        self._greedy, self._argmax = greedy.verify_greedy, greedy.argmax_choices
         self._sampling = load("treegraft_cli.kernels.sampling").verify_sampling
         self._gather_rows = load("treegraft_cli.kernels.kv_commit").gather_rows
 
     def tree_buffers(self, parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [batch, nodes]
         return self._tree_buffers(parents)
 
-    def verify_greedy(self, logits, tokens, parents) -> verify.Verdict:
+    def greedy_choices(self, logits: torch.Tensor) -> torch.Tensor:  # [batch, nodes, vocab] -> [batch, nodes]
+        return self._argmax(logits)
+
+    def verify_greedy(self, logits, tokens, parents, buffers=None) -> verify.Verdict:
+        # the walk kernel climbs parents itself: it needs no ancestor mask
         return self._greedy(logits, tokens, parents)
 
-    def verify_sampling(self, logits, tokens, parents, uniforms, temperature, top_k, top_p) -> verify.Verdict:
+    def verify_sampling(self, logits, tokens, parents, uniforms, temperature, top_k, top_p, buffers=None) -> verify.Verdict:
         return self._sampling(logits, tokens, parents, uniforms, temperature, top_k, top_p)
 
     def commit(self, lm: CausalLM, keep_positions: torch.Tensor, start: int) -> None:  # [m]

@@ -220,6 +220,7 @@ class DecodeConfig:
     max_new_tokens: int = 128
     seed: int = 0
     kernels: str = "auto"  # auto | torch | triton: which backend runs tree verification
+    compile: str = "off"  # off | static | compile | cudagraphs: the verify forward's shapes and capture (capture.py)
     method_options: Mapping[str, Any] = field(default_factory=dict)  # method-specific settings
 
     def __post_init__(self) -> None:
@@ -228,4 +229,9 @@ class DecodeConfig:
             self.kernels in ("auto", "torch", "triton"),
             f"unknown kernel backend {self.kernels!r}",
             "use --kernels auto, torch or triton",
+        )
+        _require(
+            self.compile in ("off", "static", "compile", "cudagraphs"),
+            f"unknown --compile mode {self.compile!r}",
+            "use --compile off, static, compile or cudagraphs",
         )

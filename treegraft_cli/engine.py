@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -10,9 +11,13 @@ from typing import Any
 import torch
 
 from .backends import VerifyBackend, select_backend
+from .capture import bucket, check_mode
 from .config import DecodeConfig
+from .errors import ConfigError
 from .lm import CausalLM
 from .methods import Method, Models, Observation, Prefill, create_method
+from .syncs import HostReads, audited_count, counting, fetch, host_value
+from .tree import DraftTree
 from .verify import Verdict
 
 
@@ -27,6 +32,8 @@ class StepStats:
     verify_s: float  # the target's verification forward
     host_s: float  # tree buffers, acceptance, KV commit, observation
     drafter_forward_s: float = 0.0  # the part of draft_s spent inside drafter model forwards
+    syncs: int = 0  # host-device synchronisations of the step outside model forwards (``HostReads``)
+    audited_syncs: int | None = None  # the same counted by a running ``SyncAuditor``; None without one
 
     @property
     def host_overhead_s(self) -> float:
@@ -68,6 +75,30 @@ class Generation:
         }
 
 
+class StepClock:
+    """Marks between a step's phases: wall time on CPU, CUDA events on CUDA (read after the step's end sync,
+    so timing a step costs no synchronisation of its own)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.times: list[float] = []
+        self.events: list[Any] = []
+        self.mark()
+
+    def mark(self) -> None:
+        self.times.append(time.perf_counter())
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.events.append(event)
+
+    def spans(self) -> list[float]:
+        """Seconds between consecutive marks; on CUDA only once the device has passed the last mark."""
+        if self.cuda:
+            return [a.elapsed_time(b) / 1e3 for a, b in zip(self.events, self.events[1:], strict=False)]
+        return [b - a for a, b in zip(self.times, self.times[1:], strict=False)]
+
+
 class SpeculativeDecoder:
     """Runs one method against one target. Build once, call ``generate`` per request."""
 
@@ -89,24 +120,47 @@ class SpeculativeDecoder:
         vocab_size = target.model.config.vocab_size
         shared = {} if measurements is None else measurements
         self.method: Method = create_method(config, Models(target, drafter, vocab_size, shared))
+        check_mode(config.compile, target.device)
+        if config.compile != "off" and target.capture_indices:
+            raise ConfigError(f"--compile {config.compile} cannot capture the hidden states an EAGLE-3 head reads",
+                              "use --compile off with an EAGLE-3 drafter")
         self.backend = backend or select_backend(config.kernels, target.device)
+        verify = self.backend.verify_greedy if config.sampling.greedy else self.backend.verify_sampling
+        self._takes_buffers = "buffers" in inspect.signature(verify).parameters
         self.generator = torch.Generator(device=target.device)
         self.generator.manual_seed(config.seed)
+        self.reads = HostReads()  # every device value a step reads into Python goes through it
+        self._root_path = torch.zeros(1, 1, dtype=torch.long, device=target.device)  # a root-only tree's verdict
 
     def _sync(self) -> None:
+        """On CUDA, wait for the device so step times are device times (the one explicit wait of a step)."""
         if self.target.device.type == "cuda":
             torch.cuda.synchronize(self.target.device)
+        if self.drafter is not None:
+            self.drafter.settle_timing()
 
-    def _uniforms(self, n: int) -> torch.Tensor:
-        return torch.rand(1, n, generator=self.generator, device=self.target.device)
+    def _uniforms(self, n: int, device: torch.device) -> torch.Tensor:
+        # drawn where the generator lives (the same stream of uniforms on any layout), used where the logits are
+        return torch.rand(1, n, generator=self.generator, device=self.target.device).to(device)
 
-    def _verify(self, logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor) -> Verdict:
+    def _verify(
+        self,
+        logits: torch.Tensor,  # [1, nodes, vocab]
+        tree: DraftTree,  # on the logits' device
+    ) -> Verdict:
         sampling = self.config.sampling
+        if sampling.greedy and tree.num_nodes == 1:  # the root alone: its choice is the bonus
+            root = self._root_path.to(logits.device)
+            return Verdict(root, root[0], self.backend.greedy_choices(logits)[0])
+        tokens, parents = tree.tokens[None], tree.parents[None]
+        # the tree's own ancestor mask spares the torch reference rebuilding it (backends written against the
+        # plain four-call interface do not take it)
+        extra = {"buffers": (tree.ancestor_mask()[None], tree.depths[None])} if self._takes_buffers else {}
         if sampling.greedy:
-            return self.backend.verify_greedy(logits, tokens, parents)
-        uniforms = self._uniforms(tokens.shape[-1])
+            return self.backend.verify_greedy(logits, tokens, parents, **extra)
+        uniforms = self._uniforms(tokens.shape[-1], logits.device)
         return self.backend.verify_sampling(
-            logits, tokens, parents, uniforms, sampling.temperature, sampling.top_k, sampling.top_p
+            logits, tokens, parents, uniforms, sampling.temperature, sampling.top_k, sampling.top_p, **extra
         )
 
     def generate(
@@ -116,18 +170,22 @@ class SpeculativeDecoder:
     ) -> Generation:
         device = self.target.device
         prompt_ids = prompt_ids.to(device)
+        if self.config.compile != "off":
+            self.target.use_static(self.config.compile, self._static_capacity(prompt_ids.numel()))
         self.target.reset()
         started = time.perf_counter()
         prefill_logits = self.target.forward(prompt_ids)
-        root_parent = torch.full((1, 1), -1, dtype=torch.long, device=device)
-        first = self._verify(prefill_logits[-1:][None], prompt_ids[-1:][None], root_parent).bonus
-        self.method.start(Prefill(prompt_ids, prefill_logits))
-        committed = torch.cat([prompt_ids, first])
+        root = DraftTree.from_root(prompt_ids[-1:], prefill_logits.device)
+        first = self._verify(prefill_logits[-1:][None], root).bonus
+        first_token = first.tolist()
+        self.method.start(Prefill(prompt_ids, prefill_logits, first_token[0]))
+        committed = torch.cat([prompt_ids, first.to(device)])
         self._sync()
-        result = Generation(prompt_length=prompt_ids.numel(), output_ids=[int(first)])
+        result = Generation(prompt_length=prompt_ids.numel(), output_ids=first_token)
         result.prefill_s = time.perf_counter() - started
         while not self._finished(result):
-            stats, committed = self._step(committed, result)
+            with counting(self.reads):
+                stats, committed = self._step(committed, result)
             result.steps.append(stats)
             if on_step is not None:
                 on_step(result)
@@ -136,38 +194,67 @@ class SpeculativeDecoder:
         return result
 
     def _step(self, committed: torch.Tensor, result: Generation) -> tuple[StepStats, torch.Tensor]:
-        t0 = time.perf_counter()
+        """One draft → verify → commit → observe round. Reads the device once: the verdict, packed with
+        what the method asked to see (``Method.readback``)."""
+        reads_before, audited_before = self.reads.count, audited_count()
+        clock = StepClock(self.target.device)
         drafter_before = self.drafter.forward_s if self.drafter is not None else 0.0
-        tree = self.method.draft(committed)
-        drafter_forward_s = (self.drafter.forward_s if self.drafter is not None else 0.0) - drafter_before
-        self._sync()
-        t1 = time.perf_counter()
-        ancestor_mask, _ = self.backend.tree_buffers(tree.parents[None])
+        tree = self.method.draft(committed).to(self.target.device)
+        clock.mark()
         prefix = self.target.cache_length
-        logits = self.target.forward_tree(tree.tokens, tree.depths, ancestor_mask[0])
+        logits = self.target.forward_tree(tree.tokens, tree.depths, tree.ancestor_mask())
+        clock.mark()
+        # a target spread over devices returns logits from its last: verify there (moving the tree, not the logits)
+        tree = tree.to(logits.device)
+        verdict = self._verify(logits[None], tree)
+        extras = self.method.readback(tree, verdict, logits)
+        n = tree.num_nodes
+        path = verdict.path[0]  # [n] root first, -1 after the deepest accepted node
+        chain = torch.cat([tree.tokens[path[1:].clamp(min=0)], verdict.bonus])  # [n]
+        chain.scatter_(0, verdict.num_accepted, verdict.bonus)  # the bonus right after the accepted tokens
+        packed, *host = fetch(torch.cat([verdict.num_accepted, chain, path]), *extras)
+        packed = host_value(packed)
+        num_accepted = packed[0]
+        new_tokens = packed[1 : num_accepted + 2]
+        accepted = packed[n + 1 : n + num_accepted + 2]  # node indices, root first
+        self._commit(prefix, path, accepted)
+        result.output_ids.extend(new_tokens)
+        grown = torch.cat([committed, chain[: num_accepted + 1].to(committed.device)])
+        observation = Observation(tree, verdict, logits, grown, num_accepted, new_tokens, accepted[1:], tuple(host))
+        self.method.observe(observation)
+        clock.mark()
         self._sync()
-        t2 = time.perf_counter()
-        verdict = self._verify(logits[None], tree.tokens[None], tree.parents[None])
-        num_accepted = int(verdict.num_accepted[0])
-        path = verdict.path[0, : num_accepted + 1]
-        if tree.num_nodes > 1:
-            self.backend.commit(self.target, prefix + path, prefix)
-        new_tokens = torch.cat([tree.tokens[path[1:]], verdict.bonus])
-        result.output_ids.extend(new_tokens.tolist())
-        grown = torch.cat([committed, new_tokens])
-        self.method.observe(Observation(tree, verdict, logits, grown))
-        self._sync()
-        t3 = time.perf_counter()
+        draft_s, verify_s, host_s = clock.spans()
+        audited_after = audited_count()
+        drafter_forward_s = (self.drafter.forward_s if self.drafter is not None else 0.0) - drafter_before
         stats = StepStats(
             accepted_length=num_accepted + 1,
             nodes_verified=tree.size,
             drafter_calls=self.method.drafter_calls(),
-            draft_s=t1 - t0,
-            verify_s=t2 - t1,
-            host_s=t3 - t2,
+            draft_s=draft_s,
+            verify_s=verify_s,
+            host_s=host_s,
             drafter_forward_s=drafter_forward_s,
+            syncs=self.reads.count - reads_before,
+            audited_syncs=None if audited_before is None else audited_after - audited_before,
         )
         return stats, grown
+
+    def _static_capacity(self, prompt_length: int) -> int:
+        """Cache rows a request may use: prompt, new tokens, the last step's overshoot (at most a tree's worth)
+        and one padded tree, rounded up so that requests of similar length share one static cache (and its
+        captured graphs)."""
+        tree = bucket(self.config.tree.budget + 1)
+        needed = prompt_length + self.config.max_new_tokens + self.config.tree.budget + 1 + tree
+        return -(-needed // 512) * 512
+
+    def _commit(self, prefix: int, path: torch.Tensor, accepted: list[int]) -> None:
+        """Keep the target's cache rows of the root and the accepted nodes (``path`` [n] on the device,
+        ``accepted`` the same node indices on the host): rows already in place are only cropped."""
+        if accepted == list(range(len(accepted))):
+            self.target.crop(prefix + len(accepted))
+        else:
+            self.backend.commit(self.target, prefix + path[: len(accepted)], prefix)
 
     def _finished(self, result: Generation) -> bool:
         if len(result.output_ids) >= self.config.max_new_tokens:

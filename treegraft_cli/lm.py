@@ -16,7 +16,10 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel, StaticCache
+
+from .capture import StaticVerifier, bucket
+from .syncs import uncounted
 
 GatherRows = Callable[[Sequence[torch.Tensor], torch.Tensor, int], None]
 
@@ -54,12 +57,18 @@ class CausalLM:
 
     def __init__(self, model: PreTrainedModel):
         self.model = model
+        self._device, self._dtype = model.device, model.dtype  # the model's properties walk its parameters
         self.cache = DynamicCache(config=model.config)
         self.forward_calls = 0
-        self.forward_s = 0.0  # wall time inside model forwards, for the draft / verify / host split
-        self.synchronize_timing = False  # on CUDA, sync after each forward so forward_s is device time
+        self.forward_s = 0.0  # time inside model forwards, for the draft / verify / host split
+        self.synchronize_timing = False  # on CUDA, time forwards on the device (events; see settle_timing)
+        self._timed: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # CUDA forwards not yet in forward_s
         self.capture_indices: tuple[int, ...] = ()
         self.last_hidden: torch.Tensor | None = None  # [n, len(capture_indices) * hidden] after a forward
+        # static shapes (``use_static``): the verify forward runs through a StaticVerifier over a StaticCache
+        self.verifier: StaticVerifier | None = None
+        self._static_cache: StaticCache | None = None
+        self._length = 0  # rows in use in the static cache (its own count lives on the device)
 
     def capture_hidden_states(self, indices: Sequence[int]) -> None:
         """Keep these hidden states of every later forward in ``last_hidden``, concatenated in this order.
@@ -75,19 +84,35 @@ class CausalLM:
 
     @property
     def device(self) -> torch.device:
-        return self.model.device
+        """Where inputs go: the device of the model's first parameters (its embeddings)."""
+        return self._device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.dtype
+        return self._dtype
 
     @property
     def cache_length(self) -> int:
-        return self.cache.get_seq_length()
+        return self._length if self.verifier is not None else self.cache.get_seq_length()
+
+    def use_static(self, mode: str, capacity: int) -> None:
+        """Verify forwards with static shapes (``capture.py``) over a StaticCache of at least ``capacity`` rows.
+
+        The cache and the verifier (its compiled function or captured graphs) are kept while they fit, so
+        later requests replay what the first one captured.
+        """
+        verifier = self.verifier
+        if verifier is None or verifier.mode != mode or verifier.capacity < capacity:
+            self.verifier = StaticVerifier(self.model, mode, capacity, self.dtype, self.device)
+            self._static_cache = StaticCache(config=self.model.config, max_cache_len=capacity)
 
     def reset(self) -> None:
-        self.cache = DynamicCache(config=self.model.config)
         self.last_hidden = None
+        if self.verifier is None:
+            self.cache = DynamicCache(config=self.model.config)
+            return
+        self.cache = self._static_cache
+        self._crop_layers(self._filled_layers(), 0)  # the last request's rows: the write position goes back
 
     @torch.no_grad()
     def forward(
@@ -103,13 +128,28 @@ class CausalLM:
         prompt needs the last row alone, and the LM head over every prompt row would cost as much as a
         third of the forward.
         """
-        n = input_ids.shape[0]
-        start = self.cache_length
-        if position_ids is None:
-            position_ids = torch.arange(start, start + n, device=self.device)
         attention_mask = None if visible is None else additive_mask(visible, self.dtype)
+        if attention_mask is not None and self.verifier is not None:  # a static cache: the mask spans all of it
+            wide = attention_mask.new_full((*attention_mask.shape[:-1], self.verifier.capacity), torch.finfo(self.dtype).min)
+            wide[..., : attention_mask.shape[-1]] = attention_mask
+            attention_mask = wide
+        return self._forward(input_ids, position_ids, attention_mask, logits_to_keep)
+
+    @torch.no_grad()
+    def _forward(
+        self,
+        input_ids: torch.Tensor,  # [n]
+        position_ids: torch.Tensor | None,  # [n]
+        attention_mask: torch.Tensor | None,  # [1, 1, n, cache_length + n] additive
+        logits_to_keep: int = 0,
+    ) -> torch.Tensor:
+        n = input_ids.shape[0]
+        if position_ids is None:
+            start = self.cache_length
+            position_ids = torch.arange(start, start + n, device=self.device)
+        events = self._device_timing()
         started = time.perf_counter()
-        with self._capturing() as captured:
+        with self._capturing() as captured, uncounted():
             out = self.model(
                 input_ids=input_ids[None],
                 position_ids=position_ids[None],
@@ -120,11 +160,29 @@ class CausalLM:
             )
         if self.capture_indices:
             self.last_hidden = torch.cat([captured[i][0].to(self.device) for i in self.capture_indices], dim=-1)
-        if self.synchronize_timing and self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.forward_s += time.perf_counter() - started
+        if self.verifier is not None:
+            self._length += n
+        if events is None:
+            self.forward_s += time.perf_counter() - started
+        else:
+            events[1].record()
+            self._timed.append(events)
         self.forward_calls += 1
         return out.logits[0]
+
+    def _device_timing(self) -> tuple[torch.cuda.Event, torch.cuda.Event] | None:
+        """A started pair of CUDA events when forwards are timed on the device, else None (wall time)."""
+        if not (self.synchronize_timing and self.device.type == "cuda"):
+            return None
+        events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        events[0].record()
+        return events
+
+    def settle_timing(self) -> None:
+        """Add the device time of the forwards timed with events to ``forward_s``; call after a synchronisation."""
+        for begin, end in self._timed:
+            self.forward_s += begin.elapsed_time(end) / 1e3
+        self._timed.clear()
 
     @contextmanager
     def _capturing(self) -> Iterator[dict[int, torch.Tensor]]:
@@ -151,35 +209,78 @@ class CausalLM:
         """Verification forward: each node sees the whole cache plus its own ancestors."""
         prefix = self.cache_length
         n = tokens.shape[0]
+        if self.verifier is not None:
+            return self._forward_static(tokens, depths, ancestor_mask, prefix)
         if n == 1:
             return self.forward(tokens)
-        visible = torch.cat(
-            [torch.ones(n, prefix, dtype=torch.bool, device=self.device), ancestor_mask], dim=1
-        )
-        return self.forward(tokens, prefix + depths, visible)
+        mask = torch.zeros(n, prefix + n, dtype=self.dtype, device=self.device)
+        mask[:, prefix:].masked_fill_(~ancestor_mask, torch.finfo(self.dtype).min)
+        return self._forward(tokens, prefix + depths, mask[None, None])
+
+    @torch.no_grad()
+    def _forward_static(self, tokens, depths, ancestor_mask, prefix: int) -> torch.Tensor:  # -> [n, vocab]
+        """The padded verify forward; the cache then holds the bucket's rows (the commit cuts the padding)."""
+        events = self._device_timing()
+        started = time.perf_counter()
+        with uncounted():
+            logits = self.verifier.forward(self.cache, tokens, depths, ancestor_mask, prefix)
+        self._length = prefix + bucket(tokens.shape[0])
+        if events is None:
+            self.forward_s += time.perf_counter() - started
+        else:
+            events[1].record()
+            self._timed.append(events)
+        self.forward_calls += 1
+        return logits
 
     @torch.no_grad()
     def commit(self, keep_positions: torch.Tensor, start: int, gather: GatherRows | None = None) -> None:
         """Move the cache rows at ``keep_positions`` ([m], ascending) to ``start..start+m`` and drop all rows after.
 
         ``gather`` moves the rows of every layer's keys and values at once (module-level ``gather_rows``, or the
-        Triton kernel with the same signature); the crop after it only narrows views.
+        Triton kernel with the same signature); the crop after it only narrows views. A target spread over
+        several devices (``device_map="auto"``) keeps each layer's cache on its layer's device: the rows are
+        gathered per device, with the positions copied to each device once.
         """
-        layers = [
-            layer
-            for layer in self.cache.layers
-            if getattr(layer, "is_initialized", True) and layer.keys is not None
-        ]
-        (gather or gather_rows)([t for layer in layers for t in (layer.keys, layer.values)], keep_positions, start)
-        end = start + keep_positions.numel()
-        for layer in layers:
-            layer.keys = layer.keys[..., :end, :]
-            layer.values = layer.values[..., :end, :]
+        layers = self._filled_layers()
+        m = keep_positions.shape[0]
+        if m:
+            by_device: dict[torch.device, list[torch.Tensor]] = {}
+            for layer in layers:
+                by_device.setdefault(layer.keys.device, []).extend((layer.keys, layer.values))
+            for device, tensors in by_device.items():
+                with on_device(device):
+                    (gather or gather_rows)(tensors, keep_positions.to(device, non_blocking=True), start)
+        self._crop_layers(layers, start + m)
 
     def crop(self, length: int) -> None:
         """Keep the first ``length`` cache rows."""
-        empty = torch.empty(0, dtype=torch.long, device=self.device)
-        self.commit(empty, length)
+        self._crop_layers(self._filled_layers(), length)
+
+    def _filled_layers(self) -> list:
+        return [layer for layer in self.cache.layers if getattr(layer, "is_initialized", True) and layer.keys is not None]
+
+    def _crop_layers(self, layers: Sequence, end: int) -> None:
+        if self.verifier is not None:  # a static cache keeps its tensors: only the write position moves back
+            if end < self._length:
+                for layer in layers:
+                    layer.cumulative_length.fill_(end)
+                self._length = end
+            return
+        for layer in layers:
+            if layer.keys.shape[-2] > end:
+                layer.keys = layer.keys[..., :end, :]
+                layer.values = layer.values[..., :end, :]
+
+
+@contextmanager
+def on_device(device: torch.device) -> Iterator[None]:
+    """Make ``device`` current while kernels are launched on its tensors (Triton launches on the current CUDA device)."""
+    if device.type != "cuda":
+        yield
+        return
+    with torch.cuda.device(device):
+        yield
 
 
 def _store_output(captured: dict[int, torch.Tensor], index: int) -> Callable:

@@ -29,11 +29,16 @@ class Pipeline:
     # what methods measured on these models and this device, shared by every decoder built here
     # (so a benchmark's warm-up pays for the cost measurement, not its timed run)
     measurements: dict[Any, Any] = field(default_factory=dict)
+    # the chat template's ``enable_thinking`` (Qwen3 templates think unless told not to); None: the template's default
+    thinking: bool | None = None
 
     @classmethod
-    def load(cls, pair: str, dtype: str = "bf16", device: str = "cpu", progress: Progress | None = None) -> Pipeline:
+    def load(
+        cls, pair: str, dtype: str = "bf16", device: str = "cpu", progress: Progress | None = None,
+        thinking: bool | None = None,
+    ) -> Pipeline:
         drafter, target = load_pair(pair, dtype, device, progress)
-        return cls(target=target, drafter=drafter)
+        return cls(target=target, drafter=drafter, thinking=thinking)
 
     @property
     def tokenizer(self):
@@ -54,9 +59,13 @@ class Pipeline:
         )
 
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> torch.Tensor:
-        """Token ids of a conversation, formatted by the chat template with the generation prompt added."""
+        """Token ids of a conversation, formatted by the chat template with the generation prompt added.
+
+        ``thinking`` reaches the template as ``enable_thinking`` (templates without the switch ignore it).
+        """
+        switch = {} if self.thinking is None else {"enable_thinking": self.thinking}
         ids = self.tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=True, tokenize=True, return_dict=False
+            list(messages), add_generation_prompt=True, tokenize=True, return_dict=False, **switch
         )
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]

@@ -7,6 +7,7 @@ A profile file (``profiles/NAME.yaml``)::
     description: ...
     dtype: bf16                        # bf16 | fp16 | fp32
     device: auto                       # cpu | cuda | auto
+    thinking: false                    # optional: the chat template's enable_thinking (Qwen3); absent: its default
     decode:                            # DecodeConfig fields; tree and sampling are nested
       method: treegraft
       max_new_tokens: 256
@@ -38,7 +39,7 @@ from .methods import METHODS, method_names
 from .models.load import DTYPES
 
 PROFILES_ENV = "TREEGRAFT_PROFILES"
-TOP_LEVEL = ("name", "pair", "description", "dtype", "device", "decode", "method_options", "cost", "tuned")
+TOP_LEVEL = ("name", "pair", "description", "dtype", "device", "thinking", "decode", "method_options", "cost", "tuned")
 DEVICES = ("cpu", "cuda", "auto")
 
 
@@ -54,6 +55,7 @@ class Profile:
     cost: Mapping[str, Any] = field(default_factory=dict)
     tuned: Mapping[str, Any] = field(default_factory=dict)
     source: str = ""
+    thinking: bool | None = None
 
     def config_for(self, method: str) -> DecodeConfig:
         """The profile's settings for ``method``, with that method's options."""
@@ -96,6 +98,9 @@ def profile_from_mapping(document: Any, source: str = "profile", default_name: s
     device = document.get("device", "cpu")
     if device not in DEVICES and not str(device).startswith("cuda:"):
         raise ConfigError(f"{source}: device {device!r} is not one of {', '.join(DEVICES)}", "fix device in the profile")
+    thinking = document.get("thinking")
+    if thinking is not None and not isinstance(thinking, bool):
+        raise ConfigError(f"{source}: thinking must be true or false (got {thinking!r})", "write thinking: false")
     decode = decode_config_from_mapping(document.get("decode"), f"{source}: decode")
     options = document.get("method_options") or {}
     if not isinstance(options, Mapping) or not all(isinstance(v, Mapping) for v in options.values()):
@@ -116,6 +121,7 @@ def profile_from_mapping(document: Any, source: str = "profile", default_name: s
         cost=dict(document.get("cost") or {}),
         tuned=dict(document.get("tuned") or {}),
         source=source,
+        thinking=thinking,
     )
 
 
@@ -166,7 +172,10 @@ def profile_document(profile: Profile) -> dict[str, Any]:
     document: dict[str, Any] = {"name": profile.name, "pair": profile.pair}
     if profile.description:
         document["description"] = profile.description
-    document.update({"dtype": profile.dtype, "device": profile.device, "decode": decode,
+    document.update({"dtype": profile.dtype, "device": profile.device})
+    if profile.thinking is not None:
+        document["thinking"] = profile.thinking
+    document.update({"decode": decode,
                      "method_options": {k: dict(v) for k, v in profile.method_options.items()}})
     if profile.cost:
         document["cost"] = dict(profile.cost)

@@ -7,9 +7,11 @@ Python runs on the hot path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import struct
 
 import torch
+
+from .syncs import host_only, read
 
 # Which drafter proposed a node (the ``origin`` column).
 ORIGIN_ROOT = 0
@@ -19,52 +21,193 @@ ORIGIN_ADJACENCY = 3
 ORIGIN_NAMES = {ORIGIN_ROOT: "root", ORIGIN_MODEL: "model", ORIGIN_NGRAM: "ngram", ORIGIN_ADJACENCY: "adjacency"}
 
 
-@dataclass
+COLUMNS = ("tokens", "parents", "depths", "scores", "origins", "kv_slot")
+_DTYPES = (torch.long, torch.long, torch.long, torch.float32, torch.int8, torch.long)
+_FILL = (0, -1, 0, float("-inf"), ORIGIN_ROOT, -1)
+INITIAL_CAPACITY = 64
+
+
 class DraftTree:
-    """A draft tree. All columns are 1-D tensors of length ``num_nodes`` (root included).
+    """A draft tree. Every column is a 1-D tensor of length ``num_nodes`` (root included).
 
     ``kv_slot`` is the cache position of the node's row in the model drafter's KV cache, or -1 when the
     model drafter never ran a forward over the node; it lets the drafter commit its own cache.
+
+    The columns are views of preallocated buffers that grow by doubling, and the ancestor mask is kept
+    row by row as nodes are appended (a node's row is its parent's plus itself), so growing the tree
+    allocates nothing and ``ancestor_mask()`` costs nothing. ``num_nodes`` is a host integer: appending
+    children whose count is known (``append_children``) needs no synchronisation; merging duplicates
+    (``add_children``) reads one number, how many nodes are new.
+
+    A *host* tree (``host=True``) is built on the host by a host-side drafter (n-gram, retrieval) and
+    uploaded for verification: its reads are host work, not synchronisations.
     """
 
-    tokens: torch.Tensor  # [num_nodes] int64
-    parents: torch.Tensor  # [num_nodes] int64, -1 for the root
-    depths: torch.Tensor  # [num_nodes] int64, 0 for the root
-    scores: torch.Tensor  # [num_nodes] float32, cumulative log-prob; 0 for the root
-    origins: torch.Tensor  # [num_nodes] int8
-    kv_slot: torch.Tensor  # [num_nodes] int64
+    def __init__(
+        self,
+        tokens: torch.Tensor,  # [num_nodes] int64
+        parents: torch.Tensor,  # [num_nodes] int64, -1 for the root
+        depths: torch.Tensor,  # [num_nodes] int64, 0 for the root
+        scores: torch.Tensor,  # [num_nodes] float32, cumulative log-prob; 0 for the root
+        origins: torch.Tensor,  # [num_nodes] int8
+        kv_slot: torch.Tensor,  # [num_nodes] int64
+        ancestor_mask: torch.Tensor | None = None,  # [num_nodes, num_nodes] bool; built from parents when absent
+        host: bool = False,
+    ):
+        n = tokens.shape[0]
+        if ancestor_mask is None:
+            ancestor_mask = _ancestor_mask(parents, depths, n)
+        columns = (tokens.long(), parents.long(), depths.long(), scores.float(), origins.to(torch.int8), kv_slot.long())
+        self._adopt(dict(zip(COLUMNS, columns, strict=True)), ancestor_mask, n, host)
+
+    def _adopt(self, buffers: dict[str, torch.Tensor], mask: torch.Tensor, n: int, host: bool) -> None:
+        """Take ``buffers`` (columns of ``capacity`` entries, the first ``n`` in use) and ``mask`` as they are."""
+        self.host = host
+        self._device = mask.device
+        self._buffers, self._mask = buffers, mask
+        self._capacity = mask.shape[0]
+        self._n = n
+        self._key_index: dict[tuple[int, int], int] = {}  # host trees: (parent, token) → node, for merging
+        self._indexed = 0  # nodes already in _key_index
+        self._refresh()
 
     @classmethod
-    def from_root(cls, root_token: int, device: torch.device | str = "cpu") -> DraftTree:
-        def column(value, dtype):
-            return torch.tensor([value], dtype=dtype, device=device)
+    def from_root(cls, root_token: int | torch.Tensor, device: torch.device | str = "cpu", capacity: int = 0,
+                  host: bool = False) -> DraftTree:
+        """A tree holding the root only; ``root_token`` may be a one-element tensor (no read)."""
+        device = torch.device(device)
+        capacity = capacity or INITIAL_CAPACITY
+        if isinstance(root_token, torch.Tensor):
+            token = root_token.reshape(1).to(device=device, dtype=torch.long)
+        else:
+            token = torch.tensor([int(root_token)], dtype=torch.long, device=device)
+        tree = cls.__new__(cls)
+        tree._device = device
+        buffers = tree._allocate(capacity)
+        buffers["tokens"][:1] = token
+        buffers["scores"][0] = 0.0
+        mask = torch.zeros(capacity, capacity, dtype=torch.bool, device=device)
+        mask[0, 0] = True
+        tree._adopt(buffers, mask, 1, host)
+        return tree
 
-        return cls(
-            tokens=column(int(root_token), torch.long),
-            parents=column(-1, torch.long),
-            depths=column(0, torch.long),
-            scores=column(0.0, torch.float32),
-            origins=column(ORIGIN_ROOT, torch.int8),
-            kv_slot=column(-1, torch.long),
-        )
+    def _allocate(self, capacity: int) -> dict[str, torch.Tensor]:
+        """Fresh column buffers; the root's fill values (parent -1, depth 0, no slot) are every column's default."""
+        return {
+            name: torch.full((capacity,), fill, dtype=dtype, device=self._device)
+            for name, dtype, fill in zip(COLUMNS, _DTYPES, _FILL, strict=True)
+        }
+
+    def _reserve(self, extra: int) -> None:
+        """Room for ``extra`` more nodes: double the buffers until they fit (copying what is there)."""
+        needed = self._n + extra
+        if needed <= self._capacity:
+            return
+        capacity = max(self._capacity, 1)
+        while capacity < needed:
+            capacity *= 2
+        n = self._n
+        buffers = self._allocate(capacity)
+        for name in COLUMNS:
+            buffers[name][:n] = self._buffers[name][:n]
+        mask = torch.zeros(capacity, capacity, dtype=torch.bool, device=self._device)
+        mask[:n, :n] = self._mask[:n, :n]
+        index, indexed = self._key_index, self._indexed  # node indices do not change when the buffers grow
+        self._adopt(buffers, mask, n, self.host)
+        self._key_index, self._indexed = index, indexed
+
+    def _refresh(self) -> None:
+        n, b = self._n, self._buffers
+        if n == self._capacity:  # an exact fit (a selected tree): the buffers are the columns
+            self._tokens, self._parents, self._depths = b["tokens"], b["parents"], b["depths"]
+            self._scores, self._origins, self._kv_slot = b["scores"], b["origins"], b["kv_slot"]
+            self._mask_view = self._mask
+            return
+        self._tokens, self._parents, self._depths = b["tokens"][:n], b["parents"][:n], b["depths"][:n]
+        self._scores, self._origins, self._kv_slot = b["scores"][:n], b["origins"][:n], b["kv_slot"][:n]
+        self._mask_view = self._mask[:n, :n]
+
+    # columns: views of the buffers; assigning writes into them
+    tokens = property(lambda self: self._tokens, lambda self, v: self._tokens.copy_(v))
+    parents = property(lambda self: self._parents, lambda self, v: self._parents.copy_(v))
+    depths = property(lambda self: self._depths, lambda self, v: self._depths.copy_(v))
+    scores = property(lambda self: self._scores, lambda self, v: self._scores.copy_(v))
+    origins = property(lambda self: self._origins, lambda self, v: self._origins.copy_(v))
+    kv_slot = property(lambda self: self._kv_slot, lambda self, v: self._kv_slot.copy_(v))
 
     @property
     def num_nodes(self) -> int:
         """Nodes including the root."""
-        return self.tokens.shape[0]
+        return self._n
 
     @property
     def size(self) -> int:
         """Non-root nodes: what counts against the budget."""
-        return self.num_nodes - 1
+        return self._n - 1
 
     @property
     def device(self) -> torch.device:
-        return self.tokens.device
+        return self._device
 
     @property
     def max_depth(self) -> int:
-        return int(self.depths.max())
+        return int(self._read(self.depths.max()))
+
+    def _read(self, tensor: torch.Tensor):
+        """A value this tree's code needs on the host: a counted read on a device tree, host work on a host tree."""
+        if self.host:
+            with host_only():
+                return tensor.tolist()
+        return read(tensor)
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """[num_nodes, num_nodes] bool: ``mask[i, j]`` iff j is i or an ancestor of i (a view: do not mutate)."""
+        return self._mask_view
+
+    def append_children(
+        self,
+        parents: torch.Tensor,  # [m] node indices
+        tokens: torch.Tensor,  # [m]
+        scores: torch.Tensor,  # [m]
+        origin: int,
+    ) -> torch.Tensor:
+        """Append children known to be new (no (parent, token) pair repeats or exists): no read. Returns their indices [m]."""
+        m = parents.shape[0]
+        self._reserve(m)
+        n = self._n
+        self._write(n, parents.long(), tokens.long(), scores.float(), origin)
+        return torch.arange(n, n + m, device=self._device)
+
+    def _write(
+        self,
+        n: int,
+        parents: torch.Tensor,  # [m] node indices; with ``generations``, also nodes of this batch (n + j)
+        tokens: torch.Tensor,  # [m]
+        scores: torch.Tensor,  # [m]
+        origin: int,
+        generations: int = 0,  # longest chain of parents inside the batch (0: every parent already exists)
+    ) -> None:
+        """Write ``m`` nodes at ``n``: columns, ancestor-mask rows and depths (a row's count of ancestors)."""
+        m = parents.shape[0]
+        b = self._buffers
+        rows = self._mask[parents.clamp(max=n - 1)]  # [m, capacity] the parent's row
+        rows[:, n : n + m] = torch.eye(m, dtype=torch.bool, device=self._device)
+        if generations:  # parents inside the batch: pointer doubling pulls in their rows
+            inside = parents >= n
+            rows[:, :n] &= ~inside[:, None]
+            up = torch.where(inside, parents - n, torch.arange(m, device=self._device))
+            for _ in range(generations.bit_length()):
+                rows |= rows[up]
+                up = up[up]
+        self._mask[n : n + m] = rows
+        b["tokens"][n : n + m] = tokens
+        b["parents"][n : n + m] = parents
+        b["depths"][n : n + m] = rows.sum(dim=1) - 1
+        b["scores"][n : n + m] = scores
+        b["origins"][n : n + m] = origin
+        b["kv_slot"][n : n + m] = -1
+        self._n = n + m
+        self._refresh()
 
     def add_children(
         self,
@@ -79,63 +222,159 @@ class DraftTree:
         Returns the node index of every requested child ([m]): new nodes get new indices, duplicates
         get the index of the node they merged into. A merged node keeps the higher of its two scores,
         or with ``rescore`` takes the new score (the strong drafter's word replaces the weak one's).
+        One read: the number of new nodes.
         """
-        parents, tokens = parents.long(), tokens.long()
-        keys = self._keys(parents, tokens)
-        existing = self._keys(self.parents, self.tokens)
-        # first occurrence of each key among the new ones, and match against the existing nodes
-        unique_keys, inverse = torch.unique(keys, return_inverse=True)
-        in_tree = torch.isin(unique_keys, existing)
-        first = torch.full_like(unique_keys, keys.numel()).scatter_reduce(
-            0, inverse, torch.arange(keys.numel(), device=keys.device), reduce="amin"
-        )
-        new_first = first[~in_tree]
-        new_first = new_first.sort().values  # keep request order
-        self.tokens = torch.cat([self.tokens, tokens[new_first]])
-        self.parents = torch.cat([self.parents, parents[new_first]])
-        self.depths = torch.cat([self.depths, self.depths[parents[new_first]] + 1])
-        self.scores = torch.cat([self.scores, scores[new_first].float()])
-        self.origins = torch.cat([self.origins, torch.full_like(new_first, origin, dtype=torch.int8)])
-        self.kv_slot = torch.cat([self.kv_slot, torch.full_like(new_first, -1)])
-        # map every request to its node
-        all_keys = self._keys(self.parents, self.tokens)
-        order = torch.argsort(all_keys)
-        position = torch.searchsorted(all_keys[order], keys)
-        node = order[position]
+        parents, tokens, scores = parents.long(), tokens.long(), scores.float()
+        m, n = parents.shape[0], self._n
+        if m == 0:
+            return parents
+        if self.host:
+            return self._add_children_on_host(parents, tokens, scores, origin, rescore)
+        keys = _keys(parents, tokens)  # [m]
+        same_existing = keys[:, None] == _keys(self.parents, self.tokens)[None, :]  # [m, n]
+        in_tree = same_existing.any(dim=1)
+        first = (keys[:, None] == keys[None, :]).byte().argmax(dim=1)  # first request with the same key
+        requests = torch.arange(m, device=self._device)
+        is_new = ~in_tree & (first == requests)
+        rank = torch.cumsum(is_new, 0) - 1  # position among the new nodes, in request order
+        node = torch.where(in_tree, same_existing.byte().argmax(dim=1), n + rank[first])
+        count = int(self._read(is_new.sum()))
+        if count:
+            self._reserve(count)
+            new = torch.sort((~is_new).byte(), stable=True).indices[:count]  # the new requests, in request order
+            self._write(n, parents[new], tokens[new], scores[new], origin)
         if rescore:  # touched nodes forget their old score and take the (best) new one
             self.scores[node] = float("-inf")
-        self.scores.scatter_reduce_(0, node, scores.float(), reduce="amax")
+        self.scores.scatter_reduce_(0, node, scores, reduce="amax")
         return node
 
-    def _keys(self, parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        # parent index and token packed into one int64 (token ids < 2**32)
-        return (parents + 1) * (1 << 32) + tokens
+    def to(self, device: torch.device | str) -> DraftTree:
+        """This tree on ``device`` (itself when already there); a host tree's upload for verification."""
+        device = torch.device(device)
+        if device == self._device:
+            return self
+        copies = {name: getattr(self, name).to(device, non_blocking=True) for name in COLUMNS}
+        tree = DraftTree.__new__(DraftTree)
+        tree._adopt(copies, self.ancestor_mask().to(device, non_blocking=True), self._n, host=device.type == "cpu")
+        return tree
+
+    def _add_children_on_host(
+        self, parents: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor, origin: int, rescore: bool
+    ) -> torch.Tensor:
+        """``add_children`` for a host tree: a Python index of (parent, token) pairs does the merging (a few
+        dozen requests cost less in Python than in tensor ops)."""
+        with host_only():
+            index = self._indexed_keys()
+            n, new, node = self._n, [], []
+            for i, key in enumerate(zip(parents.tolist(), tokens.tolist(), strict=True)):
+                j = index.get(key)
+                if j is None:
+                    j = index[key] = n + len(new)
+                    new.append(i)
+                node.append(j)
+            if new:
+                self._reserve(len(new))
+                first = torch.tensor(new)
+                self._write(n, parents[first], tokens[first], scores[first], origin)
+                self._indexed = self._n  # the new keys are in the index already
+            node = torch.tensor(node)
+            if rescore:  # touched nodes forget their old score and take the (best) new one
+                self.scores[node] = float("-inf")
+            self.scores.scatter_reduce_(0, node, scores, reduce="amax")
+            return node
+
+    def add_chains(
+        self,
+        parents: torch.Tensor,  # [c] node each chain hangs under
+        tokens: torch.Tensor,  # [c, width] chain tokens
+        step_scores: torch.Tensor,  # [c, width] float32 each token's own log-prob; -inf ends a chain
+        origin: int,
+    ) -> list[int]:
+        """Hang chains on a host tree; returns each chain's first node.
+
+        Exactly the tree one ``add_children`` per chain level gives (a token whose (parent, token) pair exists,
+        or was added earlier, merges into that node; every node keeps the best score offered to it, a level's
+        scores computed before the level's merges), done in Python over a key index: a few hundred tokens
+        cost less than per-level tensor ops. Scores are float32 sums: a double-precision sum of two float32
+        values rounded to float32 is the float32 sum.
+        """
+        with host_only():
+            index = self._indexed_keys()
+            scores = self.scores.tolist()
+            n, start = self._n, self._n
+            current = parents.tolist()
+            chains, steps = tokens.tolist(), step_scores.tolist()
+            new_parents, new_tokens = [], []
+            touched: set[int] = set()
+            heads: list[int] = []
+            for level in range(tokens.shape[1]):
+                active = [c for c, row in enumerate(steps) if row[level] != float("-inf")]
+                offered = [_float32(scores[current[c]] + steps[c][level]) for c in active]
+                for c, score in zip(active, offered, strict=True):
+                    key = (current[c], chains[c][level])
+                    node = index.get(key)
+                    if node is None:  # a new node, numbered in request order, level by level
+                        node = index[key] = n
+                        n += 1
+                        new_parents.append(key[0])
+                        new_tokens.append(key[1])
+                        scores.append(score)
+                    scores[node] = max(scores[node], score)
+                    touched.add(node)
+                    current[c] = node
+                if level == 0:
+                    heads = list(current)
+            if new_parents:
+                self._reserve(n - start)
+                self._write(start, torch.tensor(new_parents), torch.tensor(new_tokens), torch.tensor(scores[start:]),
+                            origin, generations=tokens.shape[1])
+                self._indexed = n  # the index holds the new keys already
+            old = sorted(j for j in touched if j < start)
+            if old:
+                self.scores[torch.tensor(old)] = torch.tensor([scores[j] for j in old])
+            return heads
+
+    def _indexed_keys(self) -> dict[tuple[int, int], int]:
+        """The (parent, token) → node index of a host tree, extended to the nodes written since."""
+        if self._indexed < self._n:
+            pairs = zip(self.parents[self._indexed :].tolist(), self.tokens[self._indexed :].tolist(), strict=True)
+            for j, key in enumerate(pairs, start=self._indexed):
+                self._key_index[key] = j
+            self._indexed = self._n
+        return self._key_index
 
     def children_of(self, node: int) -> torch.Tensor:
         return torch.nonzero(self.parents == node).flatten()
 
-    def keep(self, keep: torch.Tensor) -> DraftTree:
-        """A new tree with the nodes where ``keep`` ([num_nodes] bool) is set; must be prefix-closed."""
+    def keep(self, keep: torch.Tensor, count: int | None = None) -> DraftTree:
+        """A new tree with the nodes where ``keep`` ([num_nodes] bool) is set; must be prefix-closed.
+
+        ``count``: how many are set (root included), when the caller knows; else it is read.
+        """
         keep = keep.clone()
         keep[0] = True
-        kept = torch.nonzero(keep).flatten()
-        new_index = torch.full((self.num_nodes,), -1, dtype=torch.long, device=self.device)
-        new_index[kept] = torch.arange(kept.numel(), device=self.device)
-        parents = self.parents[kept]
-        new_parents = torch.where(parents >= 0, new_index[parents.clamp(min=0)], parents)
-        if bool((new_parents[1:] < 0).any()):
-            raise ValueError("DraftTree.keep: the kept set is not prefix-closed")
-        return DraftTree(
-            tokens=self.tokens[kept],
-            parents=new_parents,
-            depths=self.depths[kept],
-            scores=self.scores[kept],
-            origins=self.origins[kept],
-            kv_slot=self.kv_slot[kept],
-        )
+        if count is None:
+            count = int(self._read(keep.sum()))
+        kept = torch.sort((~keep).byte(), stable=True).indices[:count]  # kept node indices, ascending
+        return self.select(kept)
+
+    def select(self, kept: torch.Tensor) -> DraftTree:
+        """A new tree of the nodes ``kept`` ([k] ascending, root first, prefix-closed); no read.
+
+        Its columns are exactly ``k`` long (appending to it reallocates).
+        """
+        k = kept.shape[0]
+        new_index = torch.zeros(self._n, dtype=torch.long, device=self._device)
+        new_index[kept] = torch.arange(k, device=self._device)
+        buffers = {name: getattr(self, name)[kept] for name in COLUMNS}
+        buffers["parents"] = new_index[buffers["parents"].clamp(min=0)]
+        buffers["parents"][0] = -1
+        tree = DraftTree.__new__(DraftTree)
+        tree._adopt(buffers, self.ancestor_mask()[kept][:, kept], k, self.host)
+        return tree
 
     def top_by_score(self, budget: int) -> DraftTree:
-        """The ``budget`` best non-root nodes by score, prefix-closed.
+        """The ``budget`` best non-root nodes by score, prefix-closed; no read.
 
         A child's cumulative log-prob never exceeds its parent's, and a stable sort keeps a parent
         (lower index) ahead of an equal-scored child, so the top set is prefix-closed.
@@ -143,33 +382,16 @@ class DraftTree:
         if self.size <= budget:
             return self
         order = torch.sort(self.scores[1:], descending=True, stable=True).indices + 1
-        keep = torch.zeros(self.num_nodes, dtype=torch.bool, device=self.device)
-        keep[order[:budget]] = True
-        return self.keep(self.close_over_ancestors(keep, limit=budget))
+        kept = torch.sort(order[:budget]).values
+        return self.select(torch.cat([kept.new_zeros(1), kept]))
 
     def close_over_ancestors(self, keep: torch.Tensor, limit: int | None = None) -> torch.Tensor:
-        """Add every ancestor of a kept node; with ``limit``, the result must fit it (checked)."""
-        keep = keep.clone()
+        """Add every ancestor of a kept node; with ``limit``, the result must fit it (checked: one read)."""
+        keep = (self.ancestor_mask() & keep[:, None]).any(dim=0)
         keep[0] = True
-        for _ in range(self.max_depth):
-            parent_kept = keep.clone()
-            parent_kept[self.parents[keep].clamp(min=0)] = True
-            if torch.equal(parent_kept, keep):
-                break
-            keep = parent_kept
-        if limit is not None and int(keep.sum()) - 1 > limit:
+        if limit is not None and int(self._read(keep.sum())) - 1 > limit:
             raise ValueError(f"closing over ancestors grew the tree past its budget {limit}")
         return keep
-
-    def ancestor_mask(self) -> torch.Tensor:
-        """[num_nodes, num_nodes] bool: ``mask[i, j]`` iff j is i or an ancestor of i."""
-        n = self.num_nodes
-        mask = torch.eye(n, dtype=torch.bool, device=self.device)
-        # parents come before children, so one pass per depth fills every row from its parent's row
-        for depth in range(1, self.max_depth + 1):
-            rows = torch.nonzero(self.depths == depth).flatten()
-            mask[rows] |= mask[self.parents[rows]]
-        return mask
 
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root's first child down to ``node`` (root excluded)."""
@@ -192,6 +414,25 @@ class DraftTree:
             raise AssertionError("parents must come before children")
         if n > 1 and bool((self.depths[1:] != self.depths[self.parents[1:]] + 1).any()):
             raise AssertionError("depth must be parent depth + 1")
-        keys = self._keys(self.parents, self.tokens)
+        keys = _keys(self.parents, self.tokens)
         if torch.unique(keys).numel() != n:
             raise AssertionError("siblings must have distinct tokens")
+
+
+def _float32(value: float) -> float:
+    """``value`` rounded to the nearest float32 (what a float32 tensor would hold)."""
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
+def _keys(parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    # parent index and token packed into one int64 (token ids < 2**32)
+    return (parents + 1) * (1 << 32) + tokens
+
+
+def _ancestor_mask(parents: torch.Tensor, depths: torch.Tensor, n: int) -> torch.Tensor:  # -> [n, n] bool
+    """The ancestor relation of parents-first columns, one pass per depth (trees built from columns only)."""
+    mask = torch.eye(n, dtype=torch.bool, device=parents.device)
+    for depth in range(1, int(depths.max()) + 1 if n else 0):
+        rows = torch.nonzero(depths == depth).flatten()
+        mask[rows] |= mask[parents[rows]]
+    return mask

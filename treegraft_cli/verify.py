@@ -79,13 +79,17 @@ def accept_choices(
     return Verdict(path=path, num_accepted=num_accepted, bonus=bonus)
 
 
+Buffers = tuple[torch.Tensor, torch.Tensor]  # ancestor mask [batch, nodes, nodes] bool, depths [batch, nodes]
+
+
 def accept(
     tokens: torch.Tensor,  # [batch, nodes]
     parents: torch.Tensor,  # [batch, nodes]
     choices: torch.Tensor,  # [batch, nodes] the target's token after each node
+    buffers: Buffers | None = None,
 ) -> Verdict:
-    """``accept_choices`` with the tree buffers built from ``parents``."""
-    ancestor_mask, depths = tree_buffers(parents)
+    """``accept_choices`` with the tree buffers given (a ``DraftTree`` keeps them), else built from ``parents``."""
+    ancestor_mask, depths = buffers if buffers is not None else tree_buffers(parents)
     return accept_choices(tokens, parents, depths, ancestor_mask, choices)
 
 
@@ -102,9 +106,10 @@ def verify_greedy(
     logits: torch.Tensor,  # [batch, nodes, vocab] target logits at every node
     tokens: torch.Tensor,  # [batch, nodes]
     parents: torch.Tensor,  # [batch, nodes]
+    buffers: Buffers | None = None,
 ) -> Verdict:
     """Greedy acceptance: the target's choice at every node is its argmax."""
-    return accept(tokens, parents, argmax_choices(logits))
+    return accept(tokens, parents, argmax_choices(logits), buffers)
 
 
 def process_logits(
@@ -158,6 +163,7 @@ def verify_sampling(
     temperature: float,
     top_k: int = 0,
     top_p: float = 1.0,
+    buffers: Buffers | None = None,
 ) -> Verdict:
     """Exact tree rejection sampling for deterministic drafts (see the module docstring)."""
-    return accept(tokens, parents, sample_choices(logits, uniforms, temperature, top_k, top_p))
+    return accept(tokens, parents, sample_choices(logits, uniforms, temperature, top_k, top_p), buffers)

@@ -3,7 +3,7 @@
 ``results.json`` (schema ``treegraft.bench/1``; keys are only ever added, never renamed)::
 
     schema, created, pair, profile, dtype, device, benchmarks, num_questions, max_new_tokens,
-    temperature, tie_tolerance, baseline ("ar"),
+    temperature, tie_tolerance, thinking (the chat template's enable_thinking; null: its default), baseline ("ar"),
     repeats             question runs per question (each: ar, then every other contender)
     question_runs       finished question runs (questions × repeats when complete)
     resumed_question_runs  of those, restored from an interrupted earlier process (timed there)
@@ -32,6 +32,7 @@
         ties, mismatches, after_divergence   turn counts by verdict (see bench/lossless.py)
         acceptance_by_depth  [a_1, a_2, ...]: share of steps that accepted at least d draft tokens
         drafter_calls_per_step  {drafter: calls / steps}
+        syncs_per_step  host-device synchronisations per step outside model forwards (StepStats.syncs; peers: 0)
         time_split      {prefill_s, draft_s, verify_s, host_s} summed over turns, plus host_overhead_s
                         (step time outside any model forward; overlaps draft_s and host_s)
         peak_memory_mb  CUDA peak allocated (reset per question run, max kept); CPU: process peak RSS so far
@@ -146,6 +147,7 @@ def method_result(record: ContenderRecord, baseline: ContenderRecord) -> dict[st
         for drafter, n in step.drafter_calls.items():
             calls[drafter] += n
     result["drafter_calls_per_step"] = {k: v / len(steps) for k, v in sorted(calls.items())} if steps else {}
+    result["syncs_per_step"] = sum(step.syncs for step in steps) / len(steps) if steps else 0.0
     split = defaultdict(float)
     for turn in turns:
         for key, seconds in turn.generation.time_split().items():

@@ -37,6 +37,7 @@ from ..config import parse_options
 from ..errors import ConfigError
 from ..pipeline import Pipeline
 from . import console
+from .options import Compile, Thinking
 from .resolve import resolve_run
 
 QUICK_MAX_NEW_TOKENS = 64  # the quick suite's default
@@ -67,6 +68,8 @@ def bench(
     tau_tolerance: Annotated[float, typer.Option("--tau-tolerance", help="Allowed fractional drop in τ.")] = TAU_TOLERANCE,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write speedup.png and tau.png.")] = True,
     scheduler: Annotated[Path | None, typer.Option("--scheduler", help="Distilled scheduler (`treegraft distill`) the treegraft method decides with.")] = None,
+    thinking: Thinking = None,
+    compile: Compile = None,
 ) -> None:
     """Run methods side by side (per question: ar, then each) on a suite; table, results.json, Spec-Bench answers, plots.
 
@@ -77,7 +80,8 @@ def bench(
     """
     chosen_pair = pair or (None if profile else DEFAULT_BENCH_PAIR)
     default_tokens = QUICK_MAX_NEW_TOKENS if suite == "quick" and not prompts else None
-    run = resolve_run(chosen_pair, profile, dtype, device, max_new_tokens if max_new_tokens is not None else default_tokens, temperature, budget, depth, tree_top_k)
+    tokens = max_new_tokens if max_new_tokens is not None else default_tokens
+    run = resolve_run(chosen_pair, profile, dtype, device, tokens, temperature, budget, depth, tree_top_k, thinking, compile)
     shape = PairShape.of(run.pair)
     greedy = run.config.sampling.greedy
     names = default_methods(shape, greedy, everything=methods == "all") if methods in (None, "all") else split_methods(methods)
@@ -93,8 +97,9 @@ def bench(
     ties = TIE_TOLERANCE[run.dtype] if tie_tolerance is None else tie_tolerance
     state = "reset" if reset_per_question else "carry"
     meta: dict[str, Any] = {"pair": run.pair, "profile": run.profile_name, "dtype": run.dtype, "device": run.device,
-                            "tie_tolerance": ties, "repeats": repeats, "state_between_questions": state}
-    journal = Journal(out / JOURNAL_NAME, {**{k: meta[k] for k in ("pair", "dtype", "device", "tie_tolerance")},
+                            "tie_tolerance": ties, "thinking": run.thinking, "repeats": repeats,
+                            "state_between_questions": state}
+    journal = Journal(out / JOURNAL_NAME, {**{k: meta[k] for k in ("pair", "dtype", "device", "tie_tolerance", "thinking")},
                                            "state": state, "treegraft": __version__})
     console.bench_journal(journal)
     start_load = sample_load()
@@ -102,7 +107,7 @@ def bench(
     plan = BenchPlan(tuple(configs), tuple(questions), ties, repeats, reset_per_question)
     try:
         with console.fetch_progress() as progress:
-            pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress)
+            pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress, run.thinking)
         bench_run = timed_run(Bench(pipeline, plan, journal), journal)
     except KeyboardInterrupt:
         console.bench_interrupted(None, None, plan.question_runs)

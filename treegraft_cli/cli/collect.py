@@ -21,7 +21,7 @@ from ..scheduling.rollouts import CollectSettings, parse_shard
 from ..scheduling.rollouts import collect as run_collect
 from ..scheduling.shards import FORMATS, SETTINGS_FILE, read_settings
 from . import console
-from .options import MethodOptions
+from .options import MethodOptions, Thinking
 from .resolve import has_drafter, resolve_run
 
 QUICK_CONTEXTS = (128,)  # the in-process profile when no --cost is given: one short context
@@ -47,13 +47,14 @@ def collect(
     depth: Annotated[int | None, typer.Option("--depth", "-D", help="Tree depth override.")] = None,
     tree_top_k: Annotated[int | None, typer.Option("--tree-top-k", "-K", help="Frontier width override.")] = None,
     options: MethodOptions = None,
+    thinking: Thinking = None,
 ) -> None:
     """Offline value rollouts for the TreeGraft scheduler: features, actions, values, margins, in shards."""
     disable_progress_bar()  # one bar per shard write from datasets would drown the collect bar
     if every < 1:
         raise typer.BadParameter("--every must be >= 1")
     index_count = parse_shard(shard)
-    run = resolve_run(pair, profile, dtype, device, max_new_tokens, 0.0, budget, depth, tree_top_k)
+    run = resolve_run(pair, profile, dtype, device, max_new_tokens, 0.0, budget, depth, tree_top_k, thinking)
     method_options = {**run.method_options.get("treegraft", {}), **parse_options(options or ()), "policy": policy}
     config = dataclasses.replace(run.config, method="treegraft", method_options=method_options)
     check_method(config, has_drafter(run.pair))  # a typo in --policy or -o fails before any model loads
@@ -62,7 +63,7 @@ def collect(
     questions = suite_questions(suite, prompts or (), num_prompts)
     ensure_writable_dir(out)
     with console.fetch_progress() as progress:
-        pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress)
+        pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress, run.thinking)
     costs, measured = _costs(cost, out, pipeline, run.pair, run.dtype, config)
     with console.counter_progress() as update:
         report = run_collect(pipeline, questions, settings, costs, out, index_count, update, costs_measured=measured)

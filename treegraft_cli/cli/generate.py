@@ -14,6 +14,7 @@ from .options import (
     DEFAULT_PAIR,
     DEFAULTS,
     Budget,
+    Compile,
     Depth,
     Device,
     Dtype,
@@ -24,6 +25,7 @@ from .options import (
     Pair,
     Seed,
     Temperature,
+    Thinking,
     TopK,
     TopP,
     TreeTopK,
@@ -50,13 +52,17 @@ def generate(
     device: Device = "cpu",
     system: Annotated[str | None, typer.Option("--system", help="System message (none by default).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
+    thinking: Thinking = None,
+    compile: Compile = None,
 ) -> None:
     """Decode one chat prompt with one method; --json prints one JSON object."""
-    config = decode_config(method, max_new_tokens, temperature, top_k, top_p, seed, budget, depth, tree_top_k, kernels, option)
+    config = decode_config(
+        method, max_new_tokens, temperature, top_k, top_p, seed, budget, depth, tree_top_k, kernels, option, compile
+    )
     parse_dtype(dtype)
     check_method(config, has_drafter(pair))  # a typo in --pair, --method or -o fails before any model loads
     with console.fetch_progress() as progress:
-        pipeline = Pipeline.load(pair, dtype, device, progress)
+        pipeline = Pipeline.load(pair, dtype, device, progress, thinking)
     decoder = pipeline.decoder(config)
     prompt_ids = pipeline.encode_chat(chat_messages([prompt], system=system))
     generation = decoder.generate(prompt_ids)

@@ -25,6 +25,20 @@ Budget = Annotated[int, typer.Option("--budget", "-N", help="Tree budget: non-ro
 Depth = Annotated[int, typer.Option("--depth", "-D", help="Tree depth (chain length for `chain`).")]
 TreeTopK = Annotated[int, typer.Option("--tree-top-k", "-K", help="Frontier width / children per expanded node.")]
 Kernels = Annotated[str, typer.Option("--kernels", help="auto | torch | triton verification backend.")]
+Compile = Annotated[
+    str | None,
+    typer.Option(
+        "--compile",
+        help="off | static | compile | cudagraphs: the verify forward's static shapes and capture (default off).",
+    ),
+]
+Thinking = Annotated[
+    bool | None,
+    typer.Option(
+        "--thinking/--no-thinking",
+        help="Chat template's enable_thinking (Qwen3 templates think by default; default: the profile's, else the template's).",
+    ),
+]
 MethodOptions = Annotated[
     list[str] | None,
     typer.Option(
@@ -50,6 +64,7 @@ def decode_config(
     tree_top_k: int,
     kernels: str,
     options: Sequence[str] | None = None,
+    compile: str | None = None,
 ) -> DecodeConfig:
     return DecodeConfig(
         method=method,
@@ -58,6 +73,7 @@ def decode_config(
         max_new_tokens=max_new_tokens,
         seed=seed,
         kernels=kernels,
+        compile=compile or "off",
         method_options=parse_options(options or ()),
     )
 

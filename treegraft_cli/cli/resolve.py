@@ -22,6 +22,7 @@ class RunSettings:
     config: DecodeConfig
     method_options: Mapping[str, Mapping[str, Any]]
     profile_name: str | None
+    thinking: bool | None = None  # the chat template's enable_thinking; None: the template's default
 
 
 def resolve_run(
@@ -34,6 +35,8 @@ def resolve_run(
     budget: int | None,
     depth: int | None,
     tree_top_k: int | None,
+    thinking: bool | None = None,
+    compile: str | None = None,
 ) -> RunSettings:
     """Explicit options win over the profile (``--profile``, else the bundled profile of ``--pair``), which wins over defaults."""
     profile: Profile | None = load_profile(profile_name) if profile_name else profile_for_pair(pair or DEFAULT_PAIR)
@@ -46,6 +49,8 @@ def resolve_run(
         values["sampling"] = {**values.get("sampling", {}), "temperature": temperature}
     if max_new_tokens is not None:
         values["max_new_tokens"] = max_new_tokens
+    if compile is not None:
+        values["compile"] = compile
     chosen_dtype = dtype or (profile.dtype if profile else "bf16")
     parse_dtype(chosen_dtype)  # an unknown dtype fails here, naming the valid ones
     return RunSettings(
@@ -55,6 +60,7 @@ def resolve_run(
         config=decode_config_from_mapping(values, "settings"),
         method_options=dict(profile.method_options) if profile else {},
         profile_name=profile.name if profile else None,
+        thinking=thinking if thinking is not None else (profile.thinking if profile else None),
     )
 
 

@@ -28,6 +28,7 @@ from ..tune import (
 )
 from ..tune.plots import write_study_plot
 from . import console
+from .options import Compile, Thinking
 from .resolve import has_drafter, resolve_run
 
 
@@ -48,13 +49,15 @@ def tune(
     seed: Annotated[int, typer.Option("--seed", help="TPE sampler seed (mixed with the worker's identity).")] = 0,
     heartbeat: Annotated[int, typer.Option("--heartbeat", help="Trial heartbeat, seconds (2 missed: retried).")] = 60,
     out: Annotated[Path | None, typer.Option("--out", help="Profile YAML to write (default runs/tune/STUDY.yaml).")] = None,
+    thinking: Thinking = None,
+    compile: Compile = None,
 ) -> None:
     """Search tree budget, depth, top-k and the method's options for the best speedup over ar."""
     if trials < 0:
         raise ConfigError(f"--trials {trials} < 0", "pass --trials 1 or more, or 0 to only export the study's best")
     check_names([method])  # an unregistered method fails here, naming the registered ones
     search = load_space(method, space)
-    run = resolve_run(pair, None, dtype, device, max_new_tokens, 0.0, None, None, None)
+    run = resolve_run(pair, None, dtype, device, max_new_tokens, 0.0, None, None, None, thinking, compile)
     name = study or re.sub(r"[^\w.-]+", "_", f"{run.pair}--{method}")
     out = out or Path("runs/tune") / f"{name}.yaml"
     base = dataclasses.replace(run.config, method=method, method_options=dict(run.method_options.get(method, {})))
@@ -69,7 +72,7 @@ def tune(
     ran: list[int] = []
     if trials:
         with console.fetch_progress() as progress:
-            pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress)
+            pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress, run.thinking)
         with console.counter_progress() as update:
             update("timing ar", 0, trials)
 
@@ -78,7 +81,7 @@ def tune(
                 update(f"trial {number}: {shown}", done, total)
 
             ran = run_tune(pipeline, result, search, settings, questions, on_trial)
-    profile = export_profile(result, search, settings, out)
+    profile = export_profile(result, search, settings, out, thinking=run.thinking)
     plot = write_study_plot(result, out.with_suffix(".png"))
     best = best_trial(result)
     rows = sorted(completed(result), key=lambda t: -t.values[0])[:10]

@@ -26,8 +26,9 @@ import torch
 from ..lm import CausalLM, additive_mask
 from ..models.eagle3 import aux_hidden_indices
 from ..models.eagle3_head import Eagle3Head
+from ..syncs import uncounted
 from ..tree import DraftTree
-from .model import ModelDrafter
+from .model import ModelDrafter, tree_visibility
 
 
 class Eagle3Drafter(ModelDrafter):
@@ -64,7 +65,8 @@ class Eagle3Drafter(ModelDrafter):
         n = tokens.shape[0]
         positions = torch.arange(start, start + n, device=self.device)
         visible = torch.ones(n, start + n, dtype=torch.bool, device=self.device).tril(diagonal=start)
-        logits, features = self._forward(tokens, self.head.fuse(states), positions, visible)
+        # the target's states come from its layers' devices: the head reads them on its own
+        logits, features = self._forward(tokens, self.head.fuse(states.to(self.device)), positions, visible)
         self.committed_length += n
         self.row_logits, self.row_features = logits[-1:], features[-1:]
         return self._to_target(logits[-1:])[0]
@@ -74,13 +76,21 @@ class Eagle3Drafter(ModelDrafter):
         self,
         tree: DraftTree,
         nodes: torch.Tensor,  # [m] node indices
-        ancestor_mask: torch.Tensor | None = None,  # [num_nodes, num_nodes]; computed when absent
+        ancestor_mask: torch.Tensor | None = None,  # [num_nodes, num_nodes]; the tree's own when absent
+        ancestors_forwarded: bool = False,
     ) -> torch.Tensor:
-        """Logits ``[m, vocab]`` at ``nodes``; forwards them, and any ancestor not yet forwarded, depth by depth."""
+        """Logits ``[m, vocab]`` at ``nodes``; forwards them, and any ancestor not yet forwarded, depth by depth.
+
+        ``ancestors_forwarded``: the caller knows ``nodes`` share one depth and every ancestor has a row (a
+        dense drafter's frontier): one head call, no read of what is missing.
+        """
         if ancestor_mask is None:
             ancestor_mask = tree.ancestor_mask()
-        self.forward_missing(tree, nodes, ancestor_mask)
-        return self._to_target(self.row_logits[self._row_index(tree, nodes)])
+        if ancestors_forwarded:
+            self._forward_level(tree, nodes, ancestor_mask)
+        else:
+            self.forward_missing(tree, nodes, ancestor_mask)
+        return self._to_target(self.row_logits[self._row_index(tree, nodes).to(self.device)])
 
     def forward_missing(
         self,
@@ -91,12 +101,18 @@ class Eagle3Drafter(ModelDrafter):
         """Forward ``nodes`` and their ancestors that have no row yet, shallowest depth first, one head call per depth."""
         needed = ancestor_mask[nodes].any(dim=0) & (tree.kv_slot < 0)
         needed[0] = False  # the root's row is the last committed row
-        for depth in torch.unique(tree.depths[needed]).tolist():
-            level = torch.nonzero(needed & (tree.depths == depth)).flatten()
-            self._forward_level(tree, level, ancestor_mask)
+        # how many nodes each depth needs: one read (none on a host tree), then one head call per depth
+        per_depth = torch.zeros(tree.num_nodes, dtype=torch.long, device=tree.device)
+        per_depth.scatter_add_(0, tree.depths, needed.long())
+        counts = tree._read(per_depth)
+        for depth, count in enumerate(counts):
+            if count:
+                level = torch.sort((~(needed & (tree.depths == depth))).byte(), stable=True).indices[:count]
+                self._forward_level(tree, level, ancestor_mask)
 
-    def commit(self, tree: DraftTree, path: torch.Tensor) -> None:  # path: [m] node indices, root excluded
-        """Keep the target's states of the root and the accepted ``path``; drop this step's tree rows."""
+    def commit(self, tree: DraftTree, path: torch.Tensor, forwarded: int | None = None) -> None:  # path: [m]
+        """Keep the target's states of the root and the accepted ``path`` (node indices, root excluded); drop this
+        step's tree rows (``forwarded`` is a small LM drafter's concern: a head keeps no accepted rows)."""
         states = self.target.last_hidden
         if states is None or states.shape[0] != tree.num_nodes:
             raise RuntimeError("EAGLE-3 drafter: the target's last forward was not this tree's verification")
@@ -119,16 +135,14 @@ class Eagle3Drafter(ModelDrafter):
         """Forward nodes of one depth whose ancestors all have rows; record their rows and outputs."""
         cache_length = self.lm.cache_length
         m = level.shape[0]
-        visible = torch.zeros(m, cache_length + m, dtype=torch.bool, device=self.device)
-        visible[:, : self.committed_length] = True
-        query, ancestor = torch.nonzero(ancestor_mask[level] & (tree.kv_slot >= 0)[None, :], as_tuple=True)
-        visible[query, tree.kv_slot[ancestor]] = True
-        new_slots = torch.arange(cache_length, cache_length + m, device=self.device)
-        visible[torch.arange(m, device=self.device), new_slots] = True
-        features = self.row_features[self._row_index(tree, tree.parents[level])]
-        positions = self.committed_length - 1 + tree.depths[level]
-        logits, out = self._forward(tree.tokens[level], features, positions, visible)
-        tree.kv_slot[level] = new_slots
+        tree.kv_slot[level] = torch.arange(cache_length, cache_length + m, device=tree.device)
+        visible = torch.ones(m, cache_length + m, dtype=torch.bool, device=self.device)
+        visible[:, self.committed_length :] = tree_visibility(
+            tree, level, ancestor_mask, self.committed_length, cache_length + m
+        ).to(self.device)
+        features = self.row_features[self._row_index(tree, tree.parents[level]).to(self.device)]
+        positions = (self.committed_length - 1 + tree.depths[level]).to(self.device)
+        logits, out = self._forward(tree.tokens[level].to(self.device), features, positions, visible)
         self.row_logits = torch.cat([self.row_logits, logits])
         self.row_features = torch.cat([self.row_features, out])
 
@@ -144,7 +158,8 @@ class Eagle3Drafter(ModelDrafter):
         positions: torch.Tensor,  # [n]
         visible: torch.Tensor,  # [n, cache_length + n] bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, out = self.head(tokens, features, positions, additive_mask(visible, self.head.dtype), self.lm.cache)
+        with uncounted():
+            logits, out = self.head(tokens, features, positions, additive_mask(visible, self.head.dtype), self.lm.cache)
         self.lm.forward_calls += 1
         self.calls += 1
         return logits, out

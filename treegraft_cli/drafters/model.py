@@ -11,7 +11,26 @@ from __future__ import annotations
 import torch
 
 from ..lm import CausalLM
+from ..syncs import host_value, read
 from ..tree import DraftTree
+
+
+def tree_visibility(
+    tree: DraftTree,
+    nodes: torch.Tensor,  # [m] node indices, their kv_slot already set
+    ancestor_mask: torch.Tensor,  # [num_nodes, num_nodes]
+    first_row: int,  # the first cache row a tree node may hold (rows before it are committed)
+    end_row: int,  # cache rows after the forward (the nodes' own rows included)
+) -> torch.Tensor:  # [m, end_row - first_row] bool, on the tree's device
+    """Which of the rows ``first_row..end_row`` each of ``nodes`` sees: its ancestors' and its own.
+
+    Nodes without a row point at one extra scratch column, dropped at the end: no data-dependent indexing.
+    """
+    m, width = nodes.shape[0], end_row - first_row
+    visible = torch.zeros(m, width + 1, dtype=torch.bool, device=ancestor_mask.device)
+    slots = torch.where(tree.kv_slot >= 0, tree.kv_slot - first_row, width)  # [num_nodes]
+    visible.scatter_(1, slots[None, :].expand(m, -1), ancestor_mask[nodes])
+    return visible[:, :width]
 
 
 class ModelDrafter:
@@ -44,32 +63,30 @@ class ModelDrafter:
         self,
         tree: DraftTree,
         nodes: torch.Tensor,  # [m] node indices whose ancestors were all forwarded
-        ancestor_mask: torch.Tensor | None = None,  # [num_nodes, num_nodes]; computed when absent
+        ancestor_mask: torch.Tensor | None = None,  # [num_nodes, num_nodes]; the tree's own when absent
+        ancestors_forwarded: bool = True,  # always so here (a head's drafter also forwards missing ancestors)
     ) -> torch.Tensor:
         """Forward ``nodes`` under a tree mask; record their cache rows; return logits ``[m, vocab]``."""
         if ancestor_mask is None:
             ancestor_mask = tree.ancestor_mask()
         cache_length = self.lm.cache_length
         m = nodes.shape[0]
-        visible = torch.zeros(m, cache_length + m, dtype=torch.bool, device=self.device)
-        visible[:, : self.committed_length] = True
-        rows = ancestor_mask[nodes]  # [m, num_nodes] ancestors and self
-        has_slot = tree.kv_slot >= 0
-        ancestor_rows = rows & has_slot[None, :]
-        query, node = torch.nonzero(ancestor_rows, as_tuple=True)
-        visible[query, tree.kv_slot[node]] = True
-        new_slots = torch.arange(cache_length, cache_length + m, device=self.device)
-        visible[torch.arange(m, device=self.device), new_slots] = True
+        tree.kv_slot[nodes] = torch.arange(cache_length, cache_length + m, device=tree.device)
+        visible = torch.ones(m, cache_length + m, dtype=torch.bool, device=self.device)
+        visible[:, self.committed_length :] = tree_visibility(
+            tree, nodes, ancestor_mask, self.committed_length, cache_length + m
+        ).to(self.device)
         positions = self.committed_length - 1 + tree.depths[nodes]
-        logits = self.lm.forward(tree.tokens[nodes], positions, visible)
-        tree.kv_slot[nodes] = new_slots
+        logits = self.lm.forward(tree.tokens[nodes].to(self.device), positions.to(self.device), visible)
         self.calls += 1
         return logits
 
-    def commit(self, tree: DraftTree, path: torch.Tensor) -> None:  # path: [m] node indices, root excluded
-        """Keep the rows of the accepted ``path`` that the drafter forwarded (its longest such prefix)."""
-        slots = tree.kv_slot[path]
-        missing = torch.nonzero(slots < 0).flatten()
-        kept = int(missing[0]) if missing.numel() else path.numel()
-        self.lm.commit(slots[:kept], self.committed_length)
-        self.committed_length += kept
+    def commit(self, tree: DraftTree, path: torch.Tensor, forwarded: int | None = None) -> None:  # path: [m]
+        """Keep the rows of the accepted ``path`` (node indices, root excluded) that the drafter forwarded: its
+        longest such prefix, ``forwarded`` nodes long when the caller knows it (else one read)."""
+        slots = tree.kv_slot[path.to(tree.device)]
+        if forwarded is None:
+            prefix = torch.cumprod(slots >= 0, 0).sum() if path.numel() else slots.new_zeros(())
+            forwarded = int(host_value(prefix) if tree.host else read(prefix))
+        self.lm.commit(slots[:forwarded].to(self.device), self.committed_length)
+        self.committed_length += forwarded

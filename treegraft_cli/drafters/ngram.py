@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..syncs import read
+
 
 class TargetLogProbCache:
     """Top-W target log-probs at committed positions: ``values``/``tokens`` ``[positions, W]``."""
@@ -38,10 +40,18 @@ class TargetLogProbCache:
 
     def append(self, start: int, logits: torch.Tensor) -> None:  # logits: [m, vocab] at positions start..start+m
         """Record positions ``start..start+m``; rows already recorded there are overwritten."""
+        values, tokens = self.top(logits)
+        self.append_top(start, values.cpu(), tokens.cpu())
+
+    def top(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [m, vocab] -> 2 x [m, W]
+        """The top-W log-probs and their tokens of each row, where the logits are (on the device)."""
         logp = torch.log_softmax(logits.float(), dim=-1)
-        values, tokens = torch.topk(logp, min(self.width, logp.shape[-1]), dim=-1)
-        self.values = torch.cat([self.values[:start], values.cpu()])
-        self.tokens = torch.cat([self.tokens[:start], tokens.cpu()])
+        return torch.topk(logp, min(self.width, logp.shape[-1]), dim=-1)
+
+    def append_top(self, start: int, values: torch.Tensor, tokens: torch.Tensor) -> None:  # host [m, W] each
+        """``append`` from rows already reduced by ``top`` and read to the host."""
+        self.values = torch.cat([self.values[:start], values])
+        self.tokens = torch.cat([self.tokens[:start], tokens])
 
     def score(self, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:  # [m], [m] -> [m]
         """Log-prob of ``tokens`` after ``positions``; outside the top-W: W-th best minus the penalty."""
@@ -87,8 +97,10 @@ class NgramIndex:
                 self.table[n].setdefault(key, []).append(end)
 
     def sync(self, committed: torch.Tensor) -> None:  # committed: [L]
-        """Index whatever ``committed`` adds beyond the indexed context (committed only ever grows)."""
-        self.extend(committed[len(self.context) :].tolist())
+        """Index whatever ``committed`` adds beyond the indexed context (committed only ever grows); a read
+        only when the index lags (decoding keeps it in step from the host's copy of each step's tokens)."""
+        if committed.shape[0] > len(self.context):
+            self.extend(read(committed[len(self.context) :]))
 
     def continuations(
         self,

@@ -89,6 +89,17 @@ class RankTemplate:
     def size(self) -> int:
         return self.parents.shape[0]
 
+    def level_columns(self, device: torch.device) -> tuple[tuple[torch.Tensor, ...], ...]:
+        """Per depth, on ``device``: (candidate indices, their slots = index + 1, parent slots, ranks, log priors);
+        built once per device, for the per-depth gathers of grafting."""
+        cache = self.__dict__.setdefault("_level_columns", {})  # frozen dataclass: a per-instance memo
+        if device not in cache:
+            cache[device] = tuple(
+                tuple(t.to(device) for t in (level, level + 1, self.parents[level] + 1, self.ranks[level], self.log_prior[level]))
+                for level in self.levels
+            )
+        return cache[device]
+
     @property
     def counts(self) -> tuple[int, ...]:
         """Nodes per depth among the template part (without the extension)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..tree import DraftTree
-from .model import ModelDrafter
+from .model import ModelDrafter, tree_visibility
 
 
 class TreeDrafter(ModelDrafter):
@@ -56,18 +56,21 @@ class TreeDrafter(ModelDrafter):
                 rows[0] = 0
             return
         cache_length = self.lm.cache_length
-        visible = torch.zeros(p + m, cache_length + p + m, dtype=torch.bool, device=self.device)
+        total = cache_length + p + m
+        tree.kv_slot[nodes] = torch.arange(cache_length + p, total, device=tree.device)
+        visible = torch.zeros(p + m, total, dtype=torch.bool, device=self.device)
         visible[:, : self.committed_length] = True
         visible[:p, cache_length : cache_length + p] = torch.ones(p, p, dtype=torch.bool, device=self.device).tril()
         visible[p:, cache_length : cache_length + p] = True
-        tree.kv_slot[nodes] = torch.arange(cache_length + p, cache_length + p + m, device=self.device)
-        query, node = torch.nonzero(ancestor_mask[nodes] & (tree.kv_slot >= 0)[None, :], as_tuple=True)
-        visible[p + query, tree.kv_slot[node]] = True
-        positions = torch.cat(
-            [torch.arange(self.committed_length, length, device=self.device), length - 1 + tree.depths[nodes]]
-        )
+        # node rows start after the committed tokens, pending ones included: the tree part of the mask
+        visible[p:, length:] = tree_visibility(tree, nodes, ancestor_mask, length, total).to(self.device)
+        positions = torch.cat([
+            torch.arange(self.committed_length, length, device=self.device),
+            (length - 1 + tree.depths[nodes]).to(self.device),
+        ])
         kept = m + (1 if p else 0)  # the root's row (last pending) and the nodes': never the prompt's
-        logits = self.lm.forward(torch.cat([pending, tree.tokens[nodes]]), positions, visible, logits_to_keep=kept)
+        tokens = torch.cat([pending, tree.tokens[nodes].to(self.device)])
+        logits = self.lm.forward(tokens, positions, visible, logits_to_keep=kept)
         self.calls += 1
         self.committed_length = length
         logp = torch.log_softmax(logits.float(), dim=-1)

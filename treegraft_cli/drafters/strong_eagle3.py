@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from ..lm import CausalLM
+from ..syncs import host_only
 from ..tree import DraftTree
 from .eagle3 import Eagle3Drafter
 
@@ -77,11 +78,12 @@ class Eagle3TreeDrafter(Eagle3Drafter):
         fresh = self.row_logits[self.logp.shape[0] :]
         if fresh.shape[0]:
             self.logp = torch.cat([self.logp, self._log_probs(fresh)])
-        forwarded = tree.kv_slot >= 0
-        rows[forwarded] = self._row_index(tree, torch.nonzero(forwarded).flatten())
-        rows[0] = 0
+        with host_only():  # the layer loop's tree and rows are host tensors
+            forwarded = tree.kv_slot >= 0
+            rows.copy_(torch.where(forwarded, self._row_index(tree, torch.arange(tree.num_nodes)), rows))
+            rows[0] = 0
 
-    def commit(self, tree: DraftTree, path: torch.Tensor) -> None:  # path: [m] node indices, root excluded
+    def commit(self, tree: DraftTree, path: torch.Tensor, forwarded: int | None = None) -> None:  # path: [m]
         if self.pending is None:
             raise RuntimeError("EAGLE-3 strong drafter: reset before the prompt's prefill, no target states to keep")
         super().commit(tree, path)

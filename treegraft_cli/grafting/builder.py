@@ -29,10 +29,13 @@ import torch
 from ..config import TreeConfig
 from ..drafters import StrongDrafter
 from ..drafters.ngram import Continuation, NgramIndex, TargetLogProbCache
+from ..syncs import fetch, host_only
 from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree
 from .config import TreeGraftConfig
 from .scheduler import CallPolicy, CostModel, SchedulerState, WeakPreview, features
-from .tree_ops import cut_to_budget, graft_window, has_children, pad_column, rescore, top_nodes
+from .tree_ops import cut_to_budget, graft_window, has_children, pad_column, top_nodes
+
+HOST = torch.device("cpu")
 
 
 @dataclass
@@ -48,8 +51,10 @@ class Growth:
     weak_expansions: int = 0
 
     @classmethod
-    def start(cls, root_token: int, device: torch.device) -> Growth:
-        tree = DraftTree.from_root(root_token, device)
+    def start(cls, root_token: int, device: torch.device = HOST) -> Growth:
+        """A host tree holding the root: the layer loop runs on the host (its weak drafter is host-side by
+        nature); only the strong drafter's forwards and look-ups run on the device."""
+        tree = DraftTree.from_root(root_token, device, host=True)
         flags = torch.zeros(1, dtype=torch.bool, device=device)
         return cls(tree, torch.zeros(1, dtype=torch.long, device=device), flags, flags.clone(), torch.full((1,), -1, device=device))
 
@@ -117,21 +122,26 @@ class LayerLoop:
         self.index.sync(committed)
         if self.strong is not None:
             self.strong.start_step()
-        device = self.strong.device if self.strong is not None else committed.device
-        g = Growth.start(int(committed[-1]), device)
+        g = Growth.start(self.index.context[-1])
         records = []
         for layer in range(1, self.shape.depth + 1):
-            proposal = self.propose_weak(g, layer) if policy.previews(layer) and layer not in forced else None
-            state = self.state(g, layer, costs, prompt_length, proposal, self.strong_lag(committed))
-            wanted = forced[layer] if layer in forced else policy.decide(state)
-            call = wanted and self.strong is not None and bool(state.candidates.any())
+            with host_only():
+                previewed = policy.previews(layer) and layer not in forced
+                proposal = self.propose_weak(g, layer) if previewed else None
+                state = self.state(g, layer, costs, prompt_length, proposal, self.strong_lag(committed))
+                wanted = forced[layer] if layer in forced else policy.decide(state)
+                call = wanted and self.strong is not None and bool(state.candidates.any())
             if call:
-                self.strong_layer(g, layer, committed)
+                self.strong_layer(g, layer, committed, state.candidates)
                 g.called.append(layer)
             else:
-                self.weak_layer(g, layer, proposal)
-            records.append(LayerRecord(layer, call, layer in forced, features(state) if record else None))
-        return cut_to_budget(g.tree, self.shape.budget), records, g
+                with host_only():
+                    self.weak_layer(g, layer, proposal)
+            with host_only():
+                records.append(LayerRecord(layer, call, layer in forced, features(state) if record else None))
+        with host_only():
+            tree = cut_to_budget(g.tree, self.shape.budget)
+        return tree, records, g
 
     def strong_lag(self, committed: torch.Tensor) -> int:
         """Committed tokens the strong drafter has yet to forward (the whole prompt before its first call)."""
@@ -223,46 +233,85 @@ class LayerLoop:
         return padded, torch.where(torch.arange(width)[None, :] < lengths[:, None], logp, float("-inf"))
 
     def add_chains(self, tree: DraftTree, proposal: WeakProposal) -> torch.Tensor:  # -> [c] chain head nodes
-        """Hang every chain under its parent, one batched ``add_children`` per chain level; return the heads."""
-        logp = proposal.preview.logp.to(tree.device)  # [c, width]
-        current = proposal.preview.parents.clone()
-        heads = current
-        for level in range(logp.shape[1]):
-            active = torch.isfinite(logp[:, level])
-            scores = tree.scores[current[active]] + logp[active, level]
-            nodes = tree.add_children(current[active], proposal.preview.tokens[active, level], scores, ORIGIN_NGRAM)
-            current[active] = nodes
-            if level == 0:
-                heads = nodes
-        return heads
+        """Hang every chain under its parent (merging into existing nodes); return the heads."""
+        preview = proposal.preview
+        return torch.tensor(tree.add_chains(preview.parents, preview.tokens, preview.logp, ORIGIN_NGRAM))
 
     # -- call: the strong drafter -------------------------------------------------------------------
 
-    def strong_layer(self, g: Growth, layer: int, committed: torch.Tensor) -> None:
+    def strong_layer(self, g: Growth, layer: int, committed: torch.Tensor, window: torch.Tensor | None = None) -> None:
+        """Call: one strong forward, then one read of what the host needs (see ``StrongLookup``).
+
+        ``window``: the layer's grafting window ([num_nodes] bool) when the caller has it already.
+        """
         tree, k = g.tree, self.shape.top_k
-        window = graft_window(tree, layer, self.options.lookback, self.options.max_depth, g.expanded)
-        pooled = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
-        pooled[top_nodes(tree.scores, window, self.pool)] = True
-        needed = (g.rows < 0) & (has_children(tree) | pooled)
-        needed[0] = False  # the root's row comes with the pending committed tokens
-        nodes = torch.nonzero(needed).flatten()
+        with host_only():
+            if window is None:
+                window = graft_window(tree, layer, self.options.lookback, self.options.max_depth, g.expanded)
+            pooled = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
+            pooled[top_nodes(tree.scores, window, self.pool)] = True
+            needed = (g.rows < 0) & (has_children(tree) | pooled)
+            needed[0] = False  # the root's row comes with the pending committed tokens
+            nodes = torch.nonzero(needed).flatten()
         self.strong.forward(committed, tree, nodes, g.rows, tree.ancestor_mask())
-        logp = self.strong.logp
-        local = torch.zeros(tree.num_nodes, device=tree.device)
-        local[1:] = logp[g.rows[tree.parents[1:]], tree.tokens[1:]]
-        rescore(tree, local)
-        positions = top_nodes(tree.scores, window & (g.rows >= 0), k)
-        top_logp, top_tokens = torch.topk(logp[g.rows[positions]], k, dim=-1)  # [p, K]
-        child_scores = tree.scores[positions][:, None] + top_logp
-        child_parents = positions[:, None].expand_as(top_tokens)
-        children = tree.add_children(
-            child_parents.flatten(), top_tokens.flatten(), child_scores.flatten(), ORIGIN_MODEL, rescore=True
-        )
-        g.sync()
-        g.expanded[positions] = True
-        allowed = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
-        allowed[children] = True
-        g.frontier = top_nodes(tree.scores, allowed, k)
+        with host_only():
+            candidates = window & (g.rows >= 0)
+            depth = int(tree.depths.max())
+        found = strong_lookup(self.strong.logp, tree, g.rows, candidates, depth, k)
+        with host_only():
+            tree.scores = found.scores
+            positions = found.positions[found.allowed]
+            top_logp, top_tokens = found.top_logp[found.allowed], found.top_tokens[found.allowed]
+            child_scores = tree.scores[positions][:, None] + top_logp
+            child_parents = positions[:, None].expand_as(top_tokens)
+            children = tree.add_children(
+                child_parents.flatten(), top_tokens.flatten(), child_scores.flatten(), ORIGIN_MODEL, rescore=True
+            )
+            g.sync()
+            g.expanded[positions] = True
+            allowed = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
+            allowed[children] = True
+            g.frontier = top_nodes(tree.scores, allowed, k)
+
+
+@dataclass(frozen=True)
+class StrongLookup:
+    """What one strong call sends back to the host, read at once: every node's score rescored with the strong
+    log-probs, the grafting positions a reselection picks, and their top-K children."""
+
+    scores: torch.Tensor  # [num_nodes] float32
+    positions: torch.Tensor  # [K] node indices, best first
+    allowed: torch.Tensor  # [K] bool: the position is a real candidate (fewer than K may exist)
+    top_logp: torch.Tensor  # [K, K] the positions' top-K strong log-probs
+    top_tokens: torch.Tensor  # [K, K]
+
+
+def strong_lookup(
+    logp: torch.Tensor,  # [rows, vocab] the strong drafter's log-probs, on its device
+    tree: DraftTree,  # the host tree
+    rows: torch.Tensor,  # [num_nodes] each node's row in ``logp``, -1 if none (host)
+    candidates: torch.Tensor,  # [num_nodes] bool: nodes a reselection may pick (host)
+    max_depth: int,
+    k: int,
+) -> StrongLookup:
+    """Rescore every node (cumulative strong log-prob along its root path), reselect the ``k`` best candidates
+    and take their top-``k`` children, on the device; one read brings the results to the host.
+
+    Ties in the reselection go to the lower index (the shallower), as ``top_nodes`` does.
+    """
+    device = logp.device
+    with host_only():
+        packed = torch.stack([tree.parents, tree.tokens, tree.depths, rows, candidates.long()])
+    parents, tokens, depths, rows_d, allowed = packed.to(device, non_blocking=True).unbind(0)
+    local = torch.zeros(tokens.shape[0], device=device)
+    local[1:] = logp[rows_d[parents[1:]], tokens[1:]]
+    scores = tree.scores.to(device, non_blocking=True)
+    for depth in range(1, max_depth + 1):  # parents first: one pass per depth, no data-dependent shapes
+        scores = torch.where(depths == depth, scores[parents.clamp(min=0)] + local, scores)
+    allowed = allowed.bool()
+    order = torch.sort(torch.where(allowed, scores, float("-inf")), descending=True, stable=True).indices[:k]
+    top_logp, top_tokens = torch.topk(logp[rows_d[order]], k, dim=-1)
+    return StrongLookup(*fetch(scores, order, allowed[order], top_logp, top_tokens))
 
 
 def _path_tail(node: int, tokens: list[int], parent_of: list[int], count: int) -> list[int]:

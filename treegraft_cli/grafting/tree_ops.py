@@ -1,4 +1,4 @@
-"""Vectorised tree operations of the TreeGraft layer loop: rescoring, grafting positions, final cut."""
+"""Vectorised tree operations of the TreeGraft layer loop: capped scores, grafting positions, final cut."""
 
 from __future__ import annotations
 
@@ -22,20 +22,11 @@ def has_children(tree: DraftTree) -> torch.Tensor:
     return marks
 
 
-def rescore(tree: DraftTree, local_logp: torch.Tensor) -> None:  # local_logp: [num_nodes], log p(v | parent)
-    """Replace every score by the cumulative sum of ``local_logp`` along its root path, one pass per depth."""
-    for depth in range(1, tree.max_depth + 1):
-        nodes = torch.nonzero(tree.depths == depth).flatten()
-        tree.scores[nodes] = tree.scores[tree.parents[nodes]] + local_logp[nodes].float()
-
-
 def monotone_scores(tree: DraftTree) -> torch.Tensor:
-    """[num_nodes] each score capped by its ancestors' (unscored chain tokens and merges can break the order)."""
-    scores = tree.scores.clone()
-    for depth in range(1, tree.max_depth + 1):
-        nodes = torch.nonzero(tree.depths == depth).flatten()
-        scores[nodes] = torch.minimum(scores[nodes], scores[tree.parents[nodes]])
-    return scores
+    """[num_nodes] each score capped by its ancestors' (unscored chain tokens and merges can break the order):
+    the minimum over the node's ancestor-mask row."""
+    capped = torch.where(tree.ancestor_mask(), tree.scores[None, :], float("inf"))
+    return capped.min(dim=1).values
 
 
 def graft_window(tree: DraftTree, layer: int, lookback: int, max_depth: int, expanded: torch.Tensor) -> torch.Tensor:
@@ -45,8 +36,8 @@ def graft_window(tree: DraftTree, layer: int, lookback: int, max_depth: int, exp
     and the lookback reaches shallower), not already expanded by the strong drafter, room for a child.
     """
     depths = tree.depths
-    lowest = max(0, layer - lookback)
-    return (depths >= lowest) & (depths <= layer - 1) & (depths < max_depth) & ~expanded
+    lowest, highest = max(0, layer - lookback), min(layer - 1, max_depth - 1)
+    return (depths >= lowest) & (depths <= highest) & ~expanded
 
 
 def top_nodes(scores: torch.Tensor, allowed: torch.Tensor, k: int) -> torch.Tensor:

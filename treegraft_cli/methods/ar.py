@@ -16,4 +16,4 @@ class AutoregressiveMethod(Method):
     description = "plain target decoding (baseline)"
 
     def draft(self, committed: torch.Tensor) -> DraftTree:
-        return DraftTree.from_root(int(committed[-1]), self.models.target.device)
+        return DraftTree.from_root(committed[-1:], self.models.target.device, capacity=1)

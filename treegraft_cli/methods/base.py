@@ -28,21 +28,35 @@ class Prefill:
 
     prompt_ids: torch.Tensor  # [prompt_length]
     logits: torch.Tensor  # [prompt_length, vocab] target logits at every prompt position
+    first_token: int | None = None  # the target's token after the prompt (the first root), read by the engine
+
+    def context(self) -> list[int]:
+        """The committed tokens when the first step starts, on the host (the prompt, then the first token)."""
+        ids = self.prompt_ids.tolist()
+        return ids if self.first_token is None else [*ids, self.first_token]
 
 
 @dataclass(frozen=True)
 class Observation:
-    """One verified step, offered to drafters that learn online."""
+    """One verified step, offered to drafters that learn online.
+
+    ``num_accepted``, ``new_tokens`` and ``host`` were read to the host once, with the verdict: methods
+    learn from them without another synchronisation.
+    """
 
     tree: DraftTree
     verdict: Verdict  # batch 1
     logits: torch.Tensor  # [num_nodes, vocab] target logits at every tree node
     committed: torch.Tensor  # [length] all committed tokens after this step, new root last
+    num_accepted: int
+    new_tokens: list[int]  # the tokens this step committed: the accepted ones, then the bonus
+    accepted_nodes: list[int]  # their node indices (root excluded): ``path`` on the host
+    host: tuple[torch.Tensor, ...] = ()  # host copies of what ``Method.readback`` asked for; () when not read
 
     @property
     def path(self) -> torch.Tensor:
         """Accepted node indices, root excluded: ``[num_accepted]``."""
-        return self.verdict.path[0, 1 : int(self.verdict.num_accepted[0]) + 1]
+        return self.verdict.path[0, 1 : self.num_accepted + 1]
 
 
 @dataclass(frozen=True)
@@ -89,6 +103,11 @@ class Method(ABC):
     @abstractmethod
     def draft(self, committed: torch.Tensor) -> DraftTree:  # committed: [length], root last
         """The draft tree for this step, hanging from ``committed[-1]`` (the root)."""
+
+    def readback(self, tree: DraftTree, verdict: Verdict, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Device tensors ``observe`` wants on the host (``Observation.host``): read with the verdict, in the
+        step's one synchronisation. ``logits``: ``[num_nodes, vocab]``."""
+        return ()
 
     def observe(self, observation: Observation) -> None:
         """Called after every verification: commit drafter caches, update online tables."""

@@ -32,6 +32,7 @@ from ..config import DecodeConfig
 from ..drafters.adjacency import AdjacencyTable
 from ..drafters.rank_template import BASE_TEMPLATE, RankTemplate, build_template, scale_counts
 from ..errors import ConfigError
+from ..syncs import read
 from ..tree import DraftTree
 from .base import Method, Models, Observation, Prefill, register
 from .model_drafting import DenseMethod
@@ -107,7 +108,7 @@ class AdjacencyMethod(Method):
         budget, k = config.tree.budget, self.options.table_k
         counts = self.options.template or scale_counts(self.options.base_template, budget, k)
         self.template = build_template(counts, budget, k, models.target.device)
-        self.table = AdjacencyTable(k)
+        self.table = AdjacencyTable(k, models.target.device)
 
     def reset_table(self) -> None:
         self.table.reset()
@@ -119,7 +120,7 @@ class AdjacencyMethod(Method):
         self.table.write_prompt(prefill.prompt_ids, prefill.logits)
 
     def draft(self, committed: torch.Tensor) -> DraftTree:
-        tree = DraftTree.from_root(int(committed[-1]), self.models.target.device)
+        tree = DraftTree.from_root(committed[-1:], self.models.target.device, capacity=self.config.tree.budget + 1)
         return self.table.graft(tree, self.template, self.config.tree.budget)
 
     def observe(self, observation: Observation) -> None:
@@ -150,8 +151,8 @@ class GraftMethod(DenseMethod):
 
     def __init__(self, models: Models, config: DecodeConfig):
         super().__init__(models, config)
-        self.table = AdjacencyTable(self.options.table_k)
-        self.stages = self._stages(models.target.device)
+        self.table = AdjacencyTable(self.options.table_k, models.drafter.device)  # grafted onto the drafter's trees
+        self.stages = self._stages(models.drafter.device)
         self.fired: int | None = None
 
     def _stages(self, device: torch.device) -> tuple[Stage, ...]:
@@ -187,12 +188,13 @@ class GraftMethod(DenseMethod):
     def draft(self, committed: torch.Tensor) -> DraftTree:
         k, budget = self.config.tree.top_k, self.config.tree.budget
         self.fired = None
-        tree = DraftTree.from_root(int(committed[-1]), self.drafter.device)
+        depth = self.config.tree.depth
+        tree = DraftTree.from_root(committed[-1:], self.drafter.device, capacity=1 + k + (depth - 1) * k * k)
         logits = self.drafter.begin_step(committed)[None]
         frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
         for layer in range(self.config.tree.depth):
             if layer > 0:
-                logits = self.drafter.forward_nodes(tree, frontier)
+                logits = self.drafter.forward_nodes(tree, frontier, ancestors_forwarded=True)
             frontier = self.expand(tree, frontier, logits, k)
             self.fired = self.stage_fired(tree, layer)
             if self.fired is not None:
@@ -206,7 +208,7 @@ class GraftMethod(DenseMethod):
         stages = [i for i, stage in enumerate(self.stages) if stage.layer == layer]
         if not stages:
             return None
-        best = float(tree.scores[tree.depths == layer + 1].max())  # log c_d
+        best = read(torch.where(tree.depths == layer + 1, tree.scores, float("-inf")).max())  # log c_d
         return next((i for i in stages if best < self.stages[i].log_threshold), None)
 
     def drafter_calls(self) -> dict[str, int]:

@@ -6,8 +6,17 @@ import torch
 
 from ..config import DecodeConfig
 from ..drafters import make_model_drafter
+from ..syncs import host_value
 from ..tree import ORIGIN_MODEL, DraftTree
+from ..verify import Verdict
 from .base import Method, Models, Observation, register
+
+
+def forwarded_prefix(tree: DraftTree, verdict: Verdict) -> torch.Tensor:  # -> [] int64
+    """How many accepted nodes, from the root's child down, the model drafter forwarded (its cache holds their rows)."""
+    path = verdict.path[0, 1:]  # [n - 1], -1 past the accepted nodes
+    forwarded = (path >= 0) & (tree.kv_slot[path.clamp(min=0)] >= 0)
+    return torch.cumprod(forwarded, 0).sum()
 
 
 class ModelDraftingMethod(Method):
@@ -22,8 +31,12 @@ class ModelDraftingMethod(Method):
     def start(self, prefill) -> None:
         self.drafter.reset()
 
+    def readback(self, tree: DraftTree, verdict: Verdict, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (forwarded_prefix(tree, verdict),)
+
     def observe(self, observation: Observation) -> None:
-        self.drafter.commit(observation.tree, observation.path)
+        forwarded = host_value(observation.host[0]) if observation.host else None
+        self.drafter.commit(observation.tree, observation.path, forwarded)
 
     def drafter_calls(self) -> dict[str, int]:
         return {self.drafter.name: self.drafter.calls}
@@ -38,15 +51,15 @@ class ChainMethod(ModelDraftingMethod):
 
     def draft(self, committed: torch.Tensor) -> DraftTree:
         length = min(self.config.tree.depth, self.config.tree.budget)
-        tree = DraftTree.from_root(int(committed[-1]), self.drafter.device)
+        tree = DraftTree.from_root(committed[-1:], self.drafter.device, capacity=length + 1)
         logits = self.drafter.begin_step(committed)[None]
         last = torch.zeros(1, dtype=torch.long, device=tree.device)
         for depth in range(1, length + 1):
             logp = torch.log_softmax(logits[-1:].float(), dim=-1)
             score, token = logp.max(dim=-1)
-            last = tree.add_children(last, token, tree.scores[last] + score, ORIGIN_MODEL)
+            last = tree.append_children(last, token, tree.scores[last] + score, ORIGIN_MODEL)
             if depth < length:
-                logits = self.drafter.forward_nodes(tree, last)
+                logits = self.drafter.forward_nodes(tree, last, ancestors_forwarded=True)
         return tree
 
 
@@ -64,12 +77,12 @@ class DenseMethod(ModelDraftingMethod):
     def grow(self, committed: torch.Tensor, depth: int) -> DraftTree:
         """The full candidate pool: K children of the root, then K children of each of the K best new nodes per depth."""
         k = self.config.tree.top_k
-        tree = DraftTree.from_root(int(committed[-1]), self.drafter.device)
+        tree = DraftTree.from_root(committed[-1:], self.drafter.device, capacity=1 + k + (depth - 1) * k * k)
         root_logits = self.drafter.begin_step(committed)
         frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
         frontier = self.expand(tree, frontier, root_logits[None], k)
         for _ in range(depth - 1):
-            logits = self.drafter.forward_nodes(tree, frontier)
+            logits = self.drafter.forward_nodes(tree, frontier, ancestors_forwarded=True)
             frontier = self.expand(tree, frontier, logits, k)
         return tree
 
@@ -80,11 +93,14 @@ class DenseMethod(ModelDraftingMethod):
         logits: torch.Tensor,  # [p, vocab] drafter logits at the parents
         k: int,
     ) -> torch.Tensor:
-        """Add each parent's top-k children; return the k best new nodes (the next frontier)."""
+        """Add each parent's top-k children; return the k best new nodes (the next frontier).
+
+        The parents are the last frontier, childless, and a top-k never repeats a token: every child is new.
+        """
         logp = torch.log_softmax(logits.float(), dim=-1)
         top_logp, top_tokens = torch.topk(logp, k, dim=-1)  # [p, k]
         scores = tree.scores[parents][:, None] + top_logp
         child_parents = parents[:, None].expand_as(top_tokens)
-        nodes = tree.add_children(child_parents.flatten(), top_tokens.flatten(), scores.flatten(), ORIGIN_MODEL)
+        nodes = tree.append_children(child_parents.flatten(), top_tokens.flatten(), scores.flatten(), ORIGIN_MODEL)
         best = torch.topk(scores.flatten(), min(k, nodes.numel())).indices
         return nodes[best]

@@ -21,7 +21,9 @@ from ..grafting.config import TreeGraftConfig
 from ..grafting.costs import measure_costs
 from ..grafting.scheduler import LEARNED, POLICY_FACTORIES, CallPolicy, CostModel, make_policy
 from ..grafting.step_rule import StepRule
-from ..tree import ORIGIN_NGRAM, ORIGIN_ROOT, DraftTree
+from ..syncs import fetch, host_only
+from ..tree import ORIGIN_NGRAM, DraftTree
+from ..verify import Verdict
 from .base import Method, Models, Observation, Prefill, register
 
 PREFILL_CHUNK = 64  # prompt rows turned into log-probs at a time (a full-vocab float32 softmax per row)
@@ -91,9 +93,10 @@ class TreeGraftMethod(Method):
         return self.policy.uses_costs and (self.costs.verify_ms <= 0 or self.costs.strong_ms <= 0)
 
     def start(self, prefill: Prefill) -> None:
+        self.host_tree = DraftTree.from_root(0, host=True)
         self.prompt_length = int(prefill.prompt_ids.numel())
         self.index.reset()
-        self.index.extend(prefill.prompt_ids.tolist())
+        self.index.extend(prefill.context())
         _record_prefill(self.target_logp, prefill)
         if self.strong is not None:
             self.strong.reset()
@@ -117,7 +120,8 @@ class TreeGraftMethod(Method):
         )
 
     def draft(self, committed: torch.Tensor) -> DraftTree:
-        return self.build(committed)[0]
+        """The tree is built on the host; verification gets it uploaded to the target's device."""
+        return self.build(committed)[0].to(self.models.target.device)
 
     def build(
         self,
@@ -134,19 +138,37 @@ class TreeGraftMethod(Method):
         tree, records, growth = self.loop.build(
             committed, policy or self.policy, self.costs, self.prompt_length, forced, record
         )
+        self.host_tree = tree  # the last tree built is the one verified: observe learns from its host copy
         self.last_records = records
         self.weak_expansions = growth.weak_expansions
         return tree, records
 
+    def readback(self, tree: DraftTree, verdict: Verdict, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The target's top-W log-probs at the root and the accepted nodes (rows along the path, at most its
+        depth + 1), read with the verdict for the n-gram scores."""
+        with host_only():
+            deepest = int(self.host_tree.depths.max())
+        path = verdict.path[0, : deepest + 1].clamp(min=0)
+        return self.target_logp.top(logits[path])
+
     def observe(self, observation: Observation) -> None:
+        a = observation.num_accepted
+        tree = self.host_tree
+        path = torch.tensor(observation.accepted_nodes, dtype=torch.long)  # host, root excluded
         if self.strong is not None:
-            self.strong.commit(observation.tree, observation.path)
-        # the root and the accepted nodes were verified on the committed prefix: their target rows are exact
-        verified = observation.verdict.path[0, : observation.path.numel() + 1]
-        root_position = observation.committed.shape[0] - observation.path.numel() - 2
-        self.target_logp.append(root_position, observation.logits[verified])
-        # the target's token after each verified node: the next accepted node's, then the bonus
-        self.policy.observe(observation.tree, verified, observation.committed[-verified.numel() :].to(verified.device))
+            self.strong.commit(tree, path)
+        with host_only():
+            self.index.extend(observation.new_tokens)
+            # the root and the accepted nodes were verified on the committed prefix: their target rows are exact
+            if observation.host:
+                values, tokens = (t[: a + 1] for t in observation.host)
+            else:  # a caller that did not ask for the readback (a wrapper): read the rows now
+                values, tokens = (t[: a + 1] for t in fetch(*self.readback(tree, observation.verdict, observation.logits)))
+            root_position = observation.committed.shape[0] - a - 2
+            self.target_logp.append_top(root_position, values, tokens)
+            # the target's token after each verified node: the next accepted node's, then the bonus
+            verified = torch.cat([path.new_zeros(1), path])
+            self.policy.observe(tree, verified, torch.tensor(observation.new_tokens, dtype=torch.long))
 
     def drafter_calls(self) -> dict[str, int]:
         if self.strong is None:
@@ -204,22 +226,19 @@ class NgramMethod(Method):
 
     def start(self, prefill: Prefill) -> None:
         self.index.reset()
-        self.index.extend(prefill.prompt_ids.tolist())
+        self.index.extend(prefill.context())
 
     def draft(self, committed: torch.Tensor) -> DraftTree:
         self.index.sync(committed)
         length = min(self.options.chain_length, self.config.tree.budget)
         found = self.index.continuations(self.index.context[-self.options.max_n :], self.options.max_n, 1, length)
         chain = list(found[0].tokens) if found else []
-        device = self.models.target.device
-        n = len(chain) + 1
-        origins = torch.full((n,), ORIGIN_NGRAM, dtype=torch.int8, device=device)
-        origins[0] = ORIGIN_ROOT
-        return DraftTree(
-            tokens=torch.tensor([int(committed[-1]), *chain], dtype=torch.long, device=device),
-            parents=torch.arange(-1, n - 1, device=device),
-            depths=torch.arange(n, device=device),
-            scores=torch.zeros(n, device=device),
-            origins=origins,
-            kv_slot=torch.full((n,), -1, dtype=torch.long, device=device),
-        )
+        tree = DraftTree.from_root(committed[-1:], self.models.target.device, capacity=len(chain) + 1)
+        if chain:  # one chain: node i's parent is node i - 1, all new
+            m = len(chain)
+            tree._write(1, torch.arange(m, device=tree.device), torch.tensor(chain, device=tree.device),
+                        torch.zeros(m, device=tree.device), ORIGIN_NGRAM, generations=m)
+        return tree
+
+    def observe(self, observation: Observation) -> None:
+        self.index.extend(observation.new_tokens)

@@ -144,6 +144,7 @@ class ProbingMethod(Method):
         return self.taus[key]
 
     def verify(self, tree: DraftTree) -> int:
+        tree = tree.to(self.target.device)
         prefix = self.target.cache_length
         ancestor_mask, _ = self.backend.tree_buffers(tree.parents[None])
         try:
@@ -162,6 +163,9 @@ class ProbingMethod(Method):
                         f"weak_{name}": o.weak, f"ms_{name}": ms, f"value_{name}": 1000.0 * o.tau / ms})
         row["margin"] = row["value_call"] - row["value_skip"]
         return row
+
+    def readback(self, tree, verdict, logits):
+        return self.inner.readback(tree, verdict, logits)
 
     def observe(self, observation: Observation) -> None:
         self.inner.observe(observation)

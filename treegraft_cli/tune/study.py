@@ -229,8 +229,11 @@ def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial:
     return max(trials, key=lambda t: t.values[0])
 
 
-def export_profile(study: optuna.Study, space: SearchSpace, settings: TuneSettings, out: Path) -> Profile:
-    """Write the best configuration as a profile YAML (atomically) and return it."""
+def export_profile(
+    study: optuna.Study, space: SearchSpace, settings: TuneSettings, out: Path, thinking: bool | None = None
+) -> Profile:
+    """Write the best configuration as a profile YAML (atomically) and return it; ``thinking``: the chat
+    template switch the study's prompts were formatted with, so the profile formats them the same way."""
     best = best_trial(study)
     config = apply(settings.base, space.method, space.resolve(best.params))
     pareto = []
@@ -247,6 +250,7 @@ def export_profile(study: optuna.Study, space: SearchSpace, settings: TuneSettin
         tuned={"study": study.study_name, "trial": best.number, "speedup": best.values[0], "trials": len(study.trials),
                "space": space.source, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                **({"pareto": pareto} if pareto else {})},
+        thinking=thinking,
     )
     atomic_write_text(Path(out), dump_profile(profile))
     return profile

@@ -1,0 +1,73 @@
+"""Micro-benchmark: the verify forward with static shapes, compiled or replayed from CUDA graphs (``--compile``),
+against the dynamic path, in one process. Every mode must give ``off``'s tokens exactly (exit 1 otherwise).
+
+The target is a random-weight model with Qwen3-8B's layer shape (4 layers; ``--small``: a tiny one) drafting for
+itself with its first layer, so trees are accepted; ``ar`` shows the one-token forward, ``dense`` the tree forward.
+The first request of each mode is a warm-up (compilation and graph capture happen there); the table times the
+next ``--repeats`` requests. On CPU ``cudagraphs`` is not available and ``compile`` compiles for minutes.
+
+    python benchmarks/compile_speedup.py [--device cuda] [--modes off static cudagraphs compile] [--small]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+
+import torch
+from gpu_check import SHAPES, SMALL, Sizes, prompts, random_model
+
+from treegraft_cli.config import DecodeConfig
+from treegraft_cli.engine import SpeculativeDecoder
+from treegraft_cli.lm import CausalLM
+from treegraft_cli.models.load import truncate_layers
+
+
+def timed(decoder: SpeculativeDecoder, inputs: list[torch.Tensor], repeats: int) -> tuple[float, list[list[int]]]:
+    """(tokens per second over ``repeats`` passes after one warm-up pass, the outputs)."""
+    outputs = [decoder.generate(p).output_ids for p in inputs]  # warm-up: compile / capture
+    tokens, seconds = 0, 0.0
+    for _ in range(repeats):
+        for p in inputs:
+            generation = decoder.generate(p)
+            tokens, seconds = tokens + generation.new_tokens, seconds + generation.wall_s
+    return tokens / seconds, outputs
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--modes", nargs="+", default=None, help="default: off static cudagraphs (CUDA) / off static (CPU)")
+    parser.add_argument("--methods", nargs="+", default=["ar", "dense"])
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--small", action="store_true")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    modes = args.modes or (["off", "static", "cudagraphs"] if device.type == "cuda" else ["off", "static"])
+    sizes = Sizes.for_run(args.small)
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    target = random_model(SMALL if args.small else SHAPES["qwen3-8b"], sizes, dtype, device, seed=1)
+    drafter = truncate_layers(target, 1)
+    inputs = prompts(sizes, sizes.vocab)
+    print(f"target {'small' if args.small else 'qwen3-8b-shaped'} x {sizes.layers} layers, {args.dtype}, {device}; "
+          f"tree N={sizes.tree.budget} D={sizes.tree.depth} K={sizes.tree.top_k}, {sizes.new_tokens} new tokens")
+    print(f"{'method':<8} {'mode':<11} {'tok/s':>9} {'speedup':>8}  outputs")
+    failed = False
+    for method in args.methods:
+        config = DecodeConfig(method=method, tree=sizes.tree, max_new_tokens=sizes.new_tokens)
+        baseline, expected = None, None
+        for mode in modes:
+            decoder = SpeculativeDecoder(CausalLM(target), replace(config, compile=mode), drafter=CausalLM(drafter))
+            rate, outputs = timed(decoder, inputs, args.repeats)
+            baseline, expected = (rate, outputs) if baseline is None else (baseline, expected)
+            same = outputs == expected
+            failed = failed or not same
+            print(f"{method:<8} {mode:<11} {rate:>9.1f} {rate / baseline:>7.2f}x  {'same as off' if same else 'DIFFERENT'}",
+                  flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One command that proves treegraft on a CUDA machine with no model hub, in under 8 minutes:
+#   1. every Triton kernel against its reference at real sizes (vocab 151,936, trees 16-128 nodes), and
+#      every method exactly against `ar` on random-weight Qwen3-shaped models in fp32 and bf16
+#      (benchmarks/gpu_check.py; any mismatch fails the script);
+#   2. the kernel micro-benchmark table (benchmarks/verify_kernels.py);
+#   3. host overhead and host-device synchronisations per step, per method (benchmarks/host_overhead.py;
+#      on CUDA the driver's own count too);
+#   4. the CUDA-graph speedup of the verify forward (benchmarks/compile_speedup.py: --compile off, static and
+#      cudagraphs on a Qwen3-8B-shaped target; every mode must give the same tokens).
+# Usage: benchmarks/gpu_check.sh [--device cuda|cpu] [--small]
+#   --device cpu --small is the smoke run that works anywhere (kernels interpreted, tiny shapes).
+# Exits non-zero when a check fails.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+DEVICE=cuda
+SMALL=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --device) DEVICE="$2"; shift 2 ;;
+    --small) SMALL="--small"; shift ;;
+    *) echo "usage: $0 [--device cuda|cpu] [--small]" >&2; exit 2 ;;
+  esac
+done
+if [ "$DEVICE" = "cpu" ]; then
+  export TRITON_INTERPRET=1  # the kernels run in triton's interpreter on CPU tensors
+fi
+if [ -n "$SMALL" ]; then
+  NODES="8 32"; VOCAB="512"; REPS=2; REPEATS=1; NEW=16
+else
+  NODES="16 32 64 128"; VOCAB="151936"; REPS=5; REPEATS=3; NEW=64
+fi
+status=0
+started=$(date +%s)
+step() { echo; echo "== $1 ($(( $(date +%s) - started ))s)"; }
+
+step "1. kernels and methods against their references"
+python benchmarks/gpu_check.py --device "$DEVICE" $SMALL || status=1
+
+step "2. kernel micro-benchmark"
+python benchmarks/verify_kernels.py --device "$DEVICE" --nodes $NODES --vocab $VOCAB --reps $REPS || status=1
+
+step "3. host overhead and synchronisations per step (tiny pair)"
+OMP_NUM_THREADS=1 python benchmarks/host_overhead.py --device "$DEVICE" --repeats $REPEATS --max-new-tokens $NEW || status=1
+
+step "4. CUDA-graph speedup of the verify forward"
+python benchmarks/compile_speedup.py --device "$DEVICE" $SMALL || status=1
+
+echo
+if [ $status -eq 0 ]; then echo "gpu_check.sh: all checks passed in $(( $(date +%s) - started ))s"; else echo "gpu_check.sh: FAILED"; fi
+exit $status

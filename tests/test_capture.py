@@ -1,0 +1,87 @@
+"""--compile: the verify forward with static shapes (bucketed, padded trees over a StaticCache) is exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import random_prompt, reference_greedy, speculative
+from typer.testing import CliRunner
+
+from treegraft_cli.capture import bucket
+from treegraft_cli.cli import app
+from treegraft_cli.config import DecodeConfig, TreeConfig
+from treegraft_cli.engine import SpeculativeDecoder
+from treegraft_cli.errors import ConfigError
+from treegraft_cli.lm import CausalLM
+
+TREE = TreeConfig(budget=20, depth=4, top_k=4)  # trees of 1..21 nodes: buckets 1, 2, 4, 8, 16 and 32
+
+
+def repetitive_prompt(seed: int) -> torch.Tensor:
+    base = random_prompt(seed, length=12)
+    return torch.cat([base, base, base[:6]])
+
+
+def test_buckets_are_powers_of_two():
+    assert [bucket(n) for n in (1, 2, 3, 5, 16, 17, 64, 65)] == [1, 2, 4, 8, 16, 32, 64, 128]
+
+
+@pytest.mark.parametrize("method", ["ar", "chain", "dense", "adjacency", "graft", "all-small", "all-mid", "treegraft"])
+def test_static_shapes_match_greedy(tiny_self_pair, method):
+    prompt = repetitive_prompt(5)
+    expected = reference_greedy(tiny_self_pair[1], prompt, 40)
+    config = DecodeConfig(method=method, tree=TREE, max_new_tokens=40, compile="static")
+    result = speculative(tiny_self_pair, config, prompt)
+    assert result.output_ids == expected
+    assert all(step.nodes_verified <= TREE.budget for step in result.steps)
+
+
+def test_a_static_cache_serves_later_requests_exactly(tiny_self_pair):
+    """The static cache (and what a mode captured) is kept across requests: a second prompt decodes exactly."""
+    drafter, target = tiny_self_pair
+    config = DecodeConfig(method="dense", tree=TREE, max_new_tokens=30, compile="static")
+    decoder = SpeculativeDecoder(CausalLM(target.model), config, drafter=CausalLM(drafter.model))
+    verifiers = []
+    for seed in (1, 2, 1):
+        prompt = random_prompt(seed, length=10 + 7 * seed)
+        assert decoder.generate(prompt).output_ids == reference_greedy(target, prompt, 30)
+        verifiers.append(decoder.target.verifier)
+    assert verifiers[0] is not None and all(v is verifiers[0] for v in verifiers)
+
+
+def test_padding_sees_only_the_root_and_itself(tiny_self_pair):
+    drafter, target = tiny_self_pair
+    config = DecodeConfig(method="dense", tree=TREE, max_new_tokens=8, compile="static")
+    decoder = SpeculativeDecoder(CausalLM(target.model), config, drafter=CausalLM(drafter.model))
+    decoder.generate(random_prompt(3))
+    verifier = decoder.target.verifier
+    size, buffers = max(verifier.buffers.items())
+    visible = buffers["mask"][0, 0] == 0  # [size, capacity]
+    last = size - 1  # a padding node unless the tree filled the bucket exactly
+    rows = torch.nonzero(visible[last]).flatten().tolist()
+    prefix = rows[0] if rows[0] > 0 else None
+    assert prefix is None or rows[-1] - prefix == last  # the committed rows, the root and itself
+
+
+def test_cudagraphs_need_cuda_and_heads_need_compile_off(tiny_self_pair):
+    drafter, target = tiny_self_pair
+    with pytest.raises(ConfigError, match="CUDA"):
+        SpeculativeDecoder(CausalLM(target.model), DecodeConfig(method="dense", compile="cudagraphs"),
+                           drafter=CausalLM(drafter.model))
+    with pytest.raises(ConfigError, match="--compile"):
+        DecodeConfig(compile="graphs")
+
+
+def test_generate_takes_compile(tiny_self_pair):
+    args = ["generate", "--pair", "tiny-random@layers=2:tiny-random", "-p", "hi", "-n", "6", "--dtype", "fp32",
+            "--compile", "static", "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.slow
+def test_torch_compile_matches_greedy(tiny_self_pair):
+    """torch.compile of the static verify forward (minutes on CPU: it compiles once per bucket)."""
+    prompt = repetitive_prompt(6)
+    config = DecodeConfig(method="dense", tree=TreeConfig(budget=6, depth=3, top_k=2), max_new_tokens=24, compile="compile")
+    assert speculative(tiny_self_pair, config, prompt).output_ids == reference_greedy(tiny_self_pair[1], prompt, 24)

@@ -1,0 +1,88 @@
+"""Host-device synchronisations per step: the step's own count is honest (an auditor that sees every
+synchronising torch call agrees with it) and stays within each method's limit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import random_prompt, speculative
+
+from treegraft_cli.config import DecodeConfig, TreeConfig
+from treegraft_cli.engine import Generation
+from treegraft_cli.syncs import HostReads, SyncAuditor, counting, fetch, host_only, read, uncounted
+
+TREE = TreeConfig(budget=16, depth=4, top_k=4)
+CHECKPOINTS = 3  # graft's default checkpoints (0, 1, 5): each one reached is a decision read
+# The verdict read is every step's one; beyond it a method reads only where it decides on data:
+# adjacency and graft how many retrieved nodes are new, graft whether a checkpoint fires,
+# the TreeGraft loop what each strong call sends back (one read per call).
+LIMITS = {
+    "ar": lambda calls: 1,
+    "chain": lambda calls: 1,
+    "dense": lambda calls: 1,
+    "ngram": lambda calls: 1,
+    "adjacency": lambda calls: 2,
+    "graft": lambda calls: 2 + CHECKPOINTS,
+    "all-small": lambda calls: 1,
+    "all-mid": lambda calls: 1 + calls,
+    "fixed:1,3": lambda calls: 1 + calls,
+    "treegraft": lambda calls: 1 + calls,
+}
+
+
+def repetitive_prompt(seed: int) -> torch.Tensor:
+    base = random_prompt(seed, length=12)
+    return torch.cat([base, base, base[:6]])
+
+
+def audited(pair, method: str) -> Generation:
+    config = DecodeConfig(method=method, tree=TREE, max_new_tokens=32, method_options=_options(method))
+    with SyncAuditor():
+        return speculative(pair, config, repetitive_prompt(4))
+
+
+def _options(method: str) -> dict:
+    # costs that make the step rule take strong steps too, so both kinds are counted
+    return {"verify_ms": 100.0, "strong_ms": 5.0} if method == "treegraft" else {}
+
+
+@pytest.mark.parametrize("method", list(LIMITS))
+def test_syncs_per_step_are_counted_honestly_and_within_the_limit(tiny_self_pair, method):
+    generation = audited(tiny_self_pair, method)
+    assert generation.steps
+    for step in generation.steps:
+        assert step.audited_syncs == step.syncs, f"a read outside the step's counter: {step}"
+        strong_calls = step.drafter_calls.get("model", 0)
+        assert 1 <= step.syncs <= LIMITS[method](strong_calls), step
+
+
+def test_tree_methods_without_strong_calls_read_once_per_step(tiny_self_pair):
+    for method in ("chain", "dense", "ngram", "all-small"):
+        assert {step.syncs for step in audited(tiny_self_pair, method).steps} == {1}, method
+
+
+def test_auditor_sees_what_the_counter_misses():
+    x = torch.arange(6)
+    auditor = SyncAuditor()
+    with auditor:
+        int(x[2])
+        bool(x.any())
+        x[x > 2] = 0  # boolean-mask indexing sizes its work from the data
+        torch.nonzero(x)
+        x.sum()  # not a synchronisation
+        with uncounted():  # a model forward's own
+            x.tolist()
+        with host_only():  # host work on host tensors
+            x.tolist()
+    assert auditor.count == 4
+    assert auditor.calls == {"__int__": 1, "__bool__": 1, "__setitem__": 1, "nonzero": 1}
+
+
+def test_reads_count_once_per_transfer_on_both_counters():
+    reads = HostReads()
+    auditor = SyncAuditor()
+    with auditor, counting(reads):
+        assert read(torch.tensor([1, 2])) == [1, 2]
+        a, b = fetch(torch.zeros(2), torch.ones(3))
+        assert a.shape == (2,) and b.shape == (3,)
+    assert reads.count == auditor.count == 2

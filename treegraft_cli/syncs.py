@@ -1,0 +1,223 @@
+"""Host-device synchronisations: the hot path's own count, and an auditor that checks it.
+
+A synchronisation is any point where the host waits for the device: reading a tensor's value into Python
+(``.item()``, ``.tolist()``, ``int()``, ``bool()``, ``float()``, an index), and ops whose output size depends
+on the data (``nonzero``, ``unique``, boolean-mask indexing, ...). On a GPU each one stalls the host until
+the queue drains, so the host cannot prepare the next kernels while the device runs.
+
+Two counters, used together:
+
+- ``HostReads``: every value a decoding step needs on the host is read through ``read`` (one tensor) or
+  ``fetch`` (several, one wait), which count on the step's ``HostReads``. Always on and free: this is the
+  number ``StepStats.syncs`` and bench report.
+- ``SyncAuditor``: a ``TorchFunctionMode`` that counts every synchronising call in its scope, wherever it
+  comes from (a stray ``int(tensor)`` included). It costs about 2 µs per torch call, so it runs in tests and
+  in ``benchmarks/host_overhead.py``, never in timed runs. ``uncounted()`` leaves model forwards out (the
+  model's own code is not the hot path this counts); ``host_only()`` marks code working on host tensors
+  (a host tree, a host table, ``fetch`` copies), whose conversions wait for no device. On CUDA,
+  ``cuda_sync_debug`` adds the driver's own count.
+
+The auditor is what keeps ``HostReads`` honest: on a CPU run the two must agree (tests/test_syncs.py).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+
+class HostReads:
+    """The decoding step's reads of device values; ``count`` is what a step's ``syncs`` reports.
+
+    Code on the hot path reads through the module functions ``read`` and ``fetch``, which count on the
+    ``HostReads`` the engine put in place for the step (``counting``).
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+def read(tensor: torch.Tensor) -> Any:
+    """``tensor.tolist()`` as one counted synchronisation: pack what is needed into one tensor, read it once."""
+    with uncounted():
+        value = tensor.tolist()
+    _note()
+    return value
+
+
+def fetch(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Host copies of ``tensors`` for one counted synchronisation (non-blocking copies, then one wait).
+
+    Host-side code works on the copies under ``host_only()``; on a CPU device they are the tensors themselves.
+    """
+    with uncounted():
+        devices = {t.device for t in tensors if t.device.type != "cpu"}
+        copies = tuple(t.to("cpu", non_blocking=True) for t in tensors)
+        for device in devices:
+            if device.type == "cuda":
+                torch.cuda.current_stream(device).synchronize()
+    _note()
+    return copies
+
+
+def _note() -> None:
+    reads = _READS.get()
+    if reads is not None:
+        reads.count += 1
+    auditor = _RUNNING.get()
+    if auditor is not None and not auditor._paused:
+        auditor.count += 1
+        auditor.calls["read"] = auditor.calls.get("read", 0) + 1
+
+
+@contextmanager
+def counting(reads: HostReads) -> Iterator[HostReads]:
+    """Count the reads of the code in this block (one decoding step) on ``reads``."""
+    token = _READS.set(reads)
+    try:
+        yield reads
+    finally:
+        _READS.reset(token)
+
+
+def _is_bool_index(index: Any) -> bool:
+    if isinstance(index, torch.Tensor):
+        return index.dtype == torch.bool
+    if isinstance(index, (tuple, list)):
+        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index)
+    return False
+
+
+def _leaves_device(tensor: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """``tensor.to(...)`` copies a device tensor to the host."""
+    if not isinstance(tensor, torch.Tensor) or tensor.device.type == "cpu":
+        return False
+    targets = [*args, kwargs.get("device")]
+    return any(isinstance(t, (str, torch.device)) and torch.device(t).type == "cpu" for t in targets)
+
+
+_T = torch.Tensor
+# calls that read values into Python or size their output from the data: a sync on any accelerator
+_ALWAYS = frozenset({
+    _T.item, _T.tolist, _T.__int__, _T.__float__, _T.__bool__, _T.__index__, _T.numpy, _T.cpu,
+    _T.nonzero, torch.nonzero, torch.argwhere, _T.argwhere, torch.unique, _T.unique, torch.unique_consecutive,
+    _T.unique_consecutive, torch.masked_select, _T.masked_select, torch.equal, _T.equal,
+})
+_INDEXING = frozenset({_T.__getitem__, _T.__setitem__, _T.index_put_, _T.index_put, torch.index_put})
+
+
+def _is_attribute(func) -> bool:
+    """``tensor.shape``, ``.device``, ``.dtype``: attribute reads, not calls worth counting."""
+    return getattr(func, "__name__", "") == "__get__"
+
+
+class SyncAuditor(TorchFunctionMode):
+    """Counts synchronising torch calls in its scope (see the module docstring); ``calls`` by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+        self.calls: dict[str, int] = {}
+        self.torch_calls = 0  # every torch call outside model forwards: a noise-free proxy of host overhead
+        self._paused = 0  # inside a model forward: nothing counts
+        self._host = 0  # inside host-side code: calls count, synchronisations do not
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.torch_calls += not self._paused and not _is_attribute(func)
+        if not self._paused and not self._host and self._synchronises(func, args, kwargs):
+            self.count += 1
+            name = getattr(func, "__name__", str(func))
+            self.calls[name] = self.calls.get(name, 0) + 1
+        return func(*args, **kwargs)
+
+    @staticmethod
+    def _synchronises(func, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+        if func in _ALWAYS:
+            return True
+        if func in _INDEXING:
+            return len(args) > 1 and _is_bool_index(args[1])
+        if func is _T.to:
+            return _leaves_device(args[0] if args else None, args[1:], kwargs)
+        if func in (torch.repeat_interleave, _T.repeat_interleave):
+            repeats = args[1] if len(args) > 1 else kwargs.get("repeats")
+            return isinstance(repeats, torch.Tensor) and kwargs.get("output_size") is None
+        return False
+
+    def __enter__(self) -> SyncAuditor:
+        self._token = _RUNNING.set(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc) -> None:
+        super().__exit__(*exc)
+        _RUNNING.reset(self._token)
+
+
+# the auditor whose scope the current code runs in, if any: model forwards leave themselves out of its count
+_RUNNING: ContextVar[SyncAuditor | None] = ContextVar("treegraft_sync_auditor", default=None)
+# the step's own counter, set by the engine around each step
+_READS: ContextVar[HostReads | None] = ContextVar("treegraft_host_reads", default=None)
+
+
+def audited_count() -> int | None:
+    """The running auditor's count so far, or None outside an auditor's scope."""
+    auditor = _RUNNING.get()
+    return None if auditor is None else auditor.count
+
+
+@contextmanager
+def uncounted() -> Iterator[None]:
+    """A model forward (its own synchronisations are the model's, not the decoding step's) or a counted ``read``."""
+    auditor = _RUNNING.get()
+    if auditor is None:
+        yield
+        return
+    auditor._paused += 1
+    try:
+        yield
+    finally:
+        auditor._paused -= 1
+
+
+@contextmanager
+def cuda_sync_debug(device: torch.device) -> Iterator[list[str]]:
+    """On CUDA: the driver-level synchronisations in the block, one message each (``set_sync_debug_mode``)."""
+    messages: list[str] = []
+    if device.type != "cuda":
+        yield messages
+        return
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield messages
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    messages.extend(str(w.message) for w in caught if "synchroniz" in str(w.message))
+
+
+@contextmanager
+def host_only() -> Iterator[None]:
+    """Host-side code on host tensors (``fetch`` copies, host trees and tables): its reads wait for no device."""
+    auditor = _RUNNING.get()
+    if auditor is None:
+        yield
+        return
+    auditor._host += 1
+    try:
+        yield
+    finally:
+        auditor._host -= 1
+
+
+def host_value(tensor: torch.Tensor) -> Any:
+    """``tolist()`` of a host tensor (a ``fetch`` copy, a host table): host work, not a synchronisation."""
+    with host_only():
+        return tensor.tolist()
