@@ -16,6 +16,16 @@ from treegraft_cli.lm import CausalLM  # noqa: E402
 from treegraft_cli.models import LoadedModel, load_pair  # noqa: E402
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """For modules of thousands of tiny forwards: intra-op threads only add synchronisation, and on a busy
+    machine they stall (a 600-draw sampling test ran 10x slower with 2 threads than with 1)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_pair() -> tuple[LoadedModel, LoadedModel]:
     """(drafter, target): an unrelated random drafter, so acceptance is rare."""

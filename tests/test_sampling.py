@@ -18,6 +18,8 @@ from treegraft_cli.engine import SpeculativeDecoder
 from treegraft_cli.lm import CausalLM
 from treegraft_cli.verify import Verdict, accept_choices, process_logits, tree_buffers, verify_sampling
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 VOCAB = 6
 # root(0) → tokens 1, 2 (nodes 1, 2); node 1 → tokens 3, 4 (nodes 3, 4); node 2 → token 1 (node 5)
 PARENTS = [-1, 0, 0, 1, 1, 2]

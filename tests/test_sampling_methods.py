@@ -46,6 +46,7 @@ TREE = TreeConfig(budget=12, depth=3, top_k=3)
 TOP_K = SamplingConfig(temperature=1.0, top_k=2)
 TOP_K_TOP_P = SamplingConfig(temperature=0.6, top_k=4, top_p=0.5)  # top-p drops 2 of the 4 tokens top-k keeps
 LEVEL = 0.999  # quantile of the null distance used as the bound
+pytestmark = pytest.mark.usefixtures("one_thread")
 # (id, method, method options, drafter, sampling)
 CASES = [
     ("chain", "chain", {}, "self", TOP_K),
@@ -83,15 +84,6 @@ class UnnormalisedRule(VerifyBackend):
         padded = torch.full_like(tokens, -1)
         padded[0, : len(path)] = torch.tensor(path)
         return Verdict(path=padded, num_accepted=torch.tensor([len(path) - 1]), bonus=bonus)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Thousands of tiny forwards: intra-op threads only add synchronisation (and stall on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

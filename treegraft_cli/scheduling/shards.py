@@ -106,7 +106,8 @@ def claim_shard(root: Path, key: str, wait: bool = False) -> Iterator[bool]:
         else:
             held = True
             os.ftruncate(descriptor, 0)
-            os.write(descriptor, json.dumps({"worker": worker_id(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode())
+            claim = {"worker": worker_id(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            os.write(descriptor, json.dumps(claim).encode())
             for stale in directory.glob(f"{_temporary_prefix(key)}*"):  # a dead holder's half-written temporaries
                 stale.unlink(missing_ok=True)
         yield held
