@@ -45,6 +45,7 @@ def test_bench_writes_documented_schema(bench_run):
     assert summary["results"] == str(out / "results.json") and summary["lossless"] is True
     results = json.loads((out / "results.json").read_text())
     assert results["schema"] == SCHEMA and results["baseline"] == "ar"
+    assert results["lossless_basis"].startswith("every turn compared with ar")
     assert results["thinking"] is None  # no --thinking/--no-thinking, no profile: the template's default
     assert results["benchmarks"] == ["qa", "mt"] and results["num_questions"] == 2
     assert list(results["methods"]) == ["ar", "dense", "hf-lookup"]
@@ -139,3 +140,15 @@ def test_unknown_method_lists_valid_ones():
     with pytest.raises(ConfigError) as error:
         plan_configs(DecodeConfig(), ["nosuch"])
     assert "hf-assisted" in error.value.hint and "dense" in error.value.hint
+
+
+def test_sampled_bench_says_losslessness_comes_from_the_sampling_tests(tmp_path):
+    qa, _ = write_prompts(tmp_path)
+    args = ["bench", "--pair", PAIR, "--methods", "dense", "--prompts", str(qa), "-n", "4", "--dtype", "fp32",
+            "--temperature", "0.8", "--no-plots", "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["lossless"] is None and results["methods"]["dense"]["tau"] >= 1
+    assert "tests/test_sampling_methods.py" in results["lossless_basis"]
+    assert "proven equal to the target's" in " ".join(result.stderr.split())

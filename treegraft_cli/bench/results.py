@@ -14,6 +14,7 @@
                          busy: [{pid, name, cores}], free_cores}}
     partial             true only in results.partial.json (an interrupted run), with ``interrupted``
     lossless            all contenders lossless (null at temperature > 0: not checked)
+    lossless_basis      how losslessness is established: by comparison with ar (greedy), or by the sampling tests (T > 0)
     failures            [{method, benchmark, question_id, turn, position, gap, distances, ranks}] mismatches
     ties                the same fields for every turn judged a tie (bench/lossless.py): gap is the target's
                         top-1 minus top-2 logit, distances / ranks are ar's and the method's token's
@@ -64,6 +65,10 @@ from .runner import BASELINE
 from .stats import LEVEL, RESAMPLES, SEED, PerQuestion, bootstrap_interval, pooled_speedup
 
 SCHEMA = "treegraft.bench/1"
+LOSSLESS_BY_COMPARISON = "every turn compared with ar's greedy output (bench/lossless.py)"
+# Two samplers that are both exact still draw different texts, so at T > 0 comparing texts proves nothing.
+LOSSLESS_BY_TESTS = ("not checked by comparing texts at temperature > 0: the output distribution is proven equal to "
+                     "the target's by the statistical tests tests/test_sampling_methods.py and tests/test_sampling_lossless.py")
 
 Pairs = Sequence[tuple[QuestionRecord, QuestionRecord]]  # (the method's, ar's) per question run
 
@@ -198,6 +203,7 @@ def build_results(records: Sequence[ContenderRecord], meta: Mapping[str, Any]) -
         "bootstrap": {"resamples": RESAMPLES, "seed": SEED, "level": LEVEL},
         "environment": environment(meta.get("device", "cpu"), machine_load),
         "lossless": None if None in verdicts else all(verdicts),
+        "lossless_basis": LOSSLESS_BY_COMPARISON if first.sampling.greedy else LOSSLESS_BY_TESTS,
         "failures": divergences(records, MISMATCH),
         "ties": divergences(records, TIE),
         "methods": methods,

@@ -176,6 +176,8 @@ def bench_report(results: dict[str, Any]) -> None:
     per = [(name, *(f"{m['per_benchmark'][b]['speedup']:.2f}x τ{m['per_benchmark'][b]['tau']:.2f}" for b in benchmarks))
            for name, m in results["methods"].items()]
     table("speedup and τ per benchmark", ["method", *benchmarks], per)
+    if results.get("temperature", 0) > 0:
+        info(f"lossless: {results['lossless_basis']}")
 
 
 def bench_journal(journal: Any) -> None:
