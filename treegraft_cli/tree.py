@@ -117,23 +117,23 @@ class DraftTree:
         self._key_index, self._indexed = index, indexed
 
     def _refresh(self) -> None:
-        n, b = self._n, self._buffers
-        if n == self._capacity:  # an exact fit (a selected tree): the buffers are the columns
-            self._tokens, self._parents, self._depths = b["tokens"], b["parents"], b["depths"]
-            self._scores, self._origins, self._kv_slot = b["scores"], b["origins"], b["kv_slot"]
-            self._mask_view = self._mask
-            return
-        self._tokens, self._parents, self._depths = b["tokens"][:n], b["parents"][:n], b["depths"][:n]
-        self._scores, self._origins, self._kv_slot = b["scores"][:n], b["origins"][:n], b["kv_slot"][:n]
-        self._mask_view = self._mask[:n, :n]
+        """Forget the column views: each is sliced again when first used (most steps use a few columns)."""
+        self._views: dict[str, torch.Tensor] = {}
+
+    def _column(self, name: str) -> torch.Tensor:
+        view = self._views.get(name)
+        if view is None:
+            buffer = self._buffers[name]
+            view = self._views[name] = buffer if self._n == self._capacity else buffer[: self._n]
+        return view
 
     # columns: views of the buffers; assigning writes into them
-    tokens = property(lambda self: self._tokens, lambda self, v: self._tokens.copy_(v))
-    parents = property(lambda self: self._parents, lambda self, v: self._parents.copy_(v))
-    depths = property(lambda self: self._depths, lambda self, v: self._depths.copy_(v))
-    scores = property(lambda self: self._scores, lambda self, v: self._scores.copy_(v))
-    origins = property(lambda self: self._origins, lambda self, v: self._origins.copy_(v))
-    kv_slot = property(lambda self: self._kv_slot, lambda self, v: self._kv_slot.copy_(v))
+    tokens = property(lambda self: self._column("tokens"), lambda self, v: self._column("tokens").copy_(v))
+    parents = property(lambda self: self._column("parents"), lambda self, v: self._column("parents").copy_(v))
+    depths = property(lambda self: self._column("depths"), lambda self, v: self._column("depths").copy_(v))
+    scores = property(lambda self: self._column("scores"), lambda self, v: self._column("scores").copy_(v))
+    origins = property(lambda self: self._column("origins"), lambda self, v: self._column("origins").copy_(v))
+    kv_slot = property(lambda self: self._column("kv_slot"), lambda self, v: self._column("kv_slot").copy_(v))
 
     @property
     def num_nodes(self) -> int:
@@ -162,7 +162,11 @@ class DraftTree:
 
     def ancestor_mask(self) -> torch.Tensor:
         """[num_nodes, num_nodes] bool: ``mask[i, j]`` iff j is i or an ancestor of i (a view: do not mutate)."""
-        return self._mask_view
+        view = self._views.get("mask")
+        if view is None:
+            n = self._n
+            view = self._views["mask"] = self._mask if n == self._capacity else self._mask[:n, :n]
+        return view
 
     def append_children(
         self,
@@ -187,11 +191,14 @@ class DraftTree:
         origin: int,
         generations: int = 0,  # longest chain of parents inside the batch (0: every parent already exists)
     ) -> None:
-        """Write ``m`` nodes at ``n``: columns, ancestor-mask rows and depths (a row's count of ancestors)."""
+        """Write ``m`` nodes at ``n``: columns, ancestor-mask rows and depths (a row's count of ancestors).
+
+        Rows past ``n`` were never written (trees only grow), so kv_slot keeps its -1 fill.
+        """
         m = parents.shape[0]
         b = self._buffers
-        rows = self._mask[parents.clamp(max=n - 1)]  # [m, capacity] the parent's row
-        rows[:, n : n + m] = torch.eye(m, dtype=torch.bool, device=self._device)
+        rows = self._mask[parents.clamp(max=n - 1) if generations else parents]  # [m, capacity] the parent's row
+        rows[:, n : n + m].fill_diagonal_(True)
         if generations:  # parents inside the batch: pointer doubling pulls in their rows
             inside = parents >= n
             rows[:, :n] &= ~inside[:, None]
@@ -205,7 +212,6 @@ class DraftTree:
         b["depths"][n : n + m] = rows.sum(dim=1) - 1
         b["scores"][n : n + m] = scores
         b["origins"][n : n + m] = origin
-        b["kv_slot"][n : n + m] = -1
         self._n = n + m
         self._refresh()
 
