@@ -68,7 +68,9 @@ def load_pair(
         check_same_family(drafter_ref, target_ref)
     target_files = locate(target_ref, progress)
     target_tokenizer = load_tokenizer(target_files)
-    own_drafter = drafter_ref is not None and not drafter_ref.eagle3 and not _same_base(drafter_ref, target_ref)
+    shares_target = (drafter_ref is not None and drafter_ref.truncate_layers is not None
+                     and _same_base(drafter_ref, target_ref))  # NAME@layers=K:NAME drafts with the target's weights
+    own_drafter = drafter_ref is not None and not drafter_ref.eagle3 and not shares_target
     if own_drafter:
         drafter_files = locate(drafter_ref, progress)
         drafter_tokenizer = load_tokenizer(drafter_files)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import warnings
 
 import optuna
@@ -19,6 +20,7 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from ..errors import ConfigError
 
 RETRIES = 2  # re-enqueues of a trial whose worker died: a configuration that kills its worker is not tried for ever
+SCHEMA_ATTEMPTS = 5
 URL_FORMS = "write sqlite:///PATH.db or postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
 
 
@@ -41,6 +43,27 @@ def _reason(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+def _lost_schema_race(error: BaseException) -> bool:
+    """Workers started together on an empty database all create Optuna's tables; all but one fail so."""
+    text = _reason(error)
+    return "already exists" in text or "duplicate key value" in text
+
+
+def _create(url: str, engine_kwargs: dict, heartbeat_s: int) -> RDBStorage:
+    for attempt in range(SCHEMA_ATTEMPTS):
+        try:
+            with warnings.catch_warnings():  # the heartbeat options are marked experimental
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return RDBStorage(url, engine_kwargs=engine_kwargs,
+                                  heartbeat_interval=heartbeat_s, grace_period=2 * heartbeat_s,
+                                  heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=RETRIES))
+        except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as error:
+            if attempt + 1 == SCHEMA_ATTEMPTS or not _lost_schema_race(error):
+                raise
+            time.sleep(0.2 * (attempt + 1))  # the winner finishes the schema; then it only needs reading
+    raise AssertionError("unreachable")
+
+
 def open_storage(url: str, heartbeat_s: int) -> RDBStorage:
     """The study database at ``url`` with a heartbeat; an unusable URL or server is a ConfigError naming the fix."""
     if heartbeat_s < 1:
@@ -56,11 +79,7 @@ def open_storage(url: str, heartbeat_s: int) -> RDBStorage:
         engine_kwargs["connect_args"] = {"connect_timeout": 10}  # an unreachable host fails, not hangs
     shown = hide_password(url)
     try:
-        with warnings.catch_warnings():  # the heartbeat options are marked experimental
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return RDBStorage(parsed.render_as_string(hide_password=False), engine_kwargs=engine_kwargs,
-                              heartbeat_interval=heartbeat_s, grace_period=2 * heartbeat_s,
-                              heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=RETRIES))
+        return _create(parsed.render_as_string(hide_password=False), engine_kwargs, heartbeat_s)
     except sqlalchemy.exc.NoSuchModuleError:
         raise ConfigError(f"--storage {shown}: unknown database kind {parsed.drivername!r}", URL_FORMS) from None
     except ImportError as error:
