@@ -50,4 +50,4 @@ def test_methods_table_shows_syntax_and_option_defaults(capsys, monkeypatch):
 
 def test_bench_help_says_how_long_it_takes(capsys, monkeypatch):
     code, out, _ = run_cli(["bench", "--help"], capsys, monkeypatch)
-    assert code == 0 and "minutes on 2 CPU cores" in " ".join(out.split())
+    assert code == 0 and "minutes on 2 quiet CPU cores" in " ".join(out.split())
