@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
 
-import pytest
+from test_cli_errors import run_cli
 
 from treegraft_cli import __version__
 from treegraft_cli.bench.contenders import PEERS
-from treegraft_cli.cli import main
 from treegraft_cli.methods import METHODS, method_names
-
-
-def run_cli(args: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["treegraft", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-        sys.exit(0)
-    out = capsys.readouterr()
-    return exit_info.value.code or 0, out.out, out.err
 
 
 def test_version(capsys, monkeypatch):

@@ -162,12 +162,7 @@ class CausalLM:
             self.last_hidden = torch.cat([captured[i][0].to(self.device) for i in self.capture_indices], dim=-1)
         if self.verifier is not None:
             self._length += n
-        if events is None:
-            self.forward_s += time.perf_counter() - started
-        else:
-            events[1].record()
-            self._timed.append(events)
-        self.forward_calls += 1
+        self._count_forward(events, started)
         return out.logits[0]
 
     def _device_timing(self) -> tuple[torch.cuda.Event, torch.cuda.Event] | None:
@@ -177,6 +172,15 @@ class CausalLM:
         events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         events[0].record()
         return events
+
+    def _count_forward(self, events, started: float) -> None:
+        """Add one forward's time: wall time on CPU, CUDA events (read later, without a sync) on a GPU."""
+        if events is None:
+            self.forward_s += time.perf_counter() - started
+        else:
+            events[1].record()
+            self._timed.append(events)
+        self.forward_calls += 1
 
     def settle_timing(self) -> None:
         """Add the device time of the forwards timed with events to ``forward_s``; call after a synchronisation."""
@@ -225,12 +229,7 @@ class CausalLM:
         with uncounted():
             logits = self.verifier.forward(self.cache, tokens, depths, ancestor_mask, prefix)
         self._length = prefix + bucket(tokens.shape[0])
-        if events is None:
-            self.forward_s += time.perf_counter() - started
-        else:
-            events[1].record()
-            self._timed.append(events)
-        self.forward_calls += 1
+        self._count_forward(events, started)
         return logits
 
     @torch.no_grad()
