@@ -73,9 +73,9 @@ def bench(
 ) -> None:
     """Run methods side by side (per question: ar, then each) on a suite; table, results.json, Spec-Bench answers, plots.
 
-    With no options: the quick suite (12 questions, 64 new tokens) on the Qwen2.5-Coder 0.5B→1.5B pair with
-    ar, graft, treegraft and hf-assisted, roughly 8-10 minutes on 2 quiet CPU cores once the models are fetched
-    (1.6 GB, first run only; judged from per-forward costs). The estimated time is printed after the warm-up. `--methods all --suite full` runs every
+    With no options: the quick suite (6 questions, 64 new tokens) on the Qwen2.5-Coder 0.5B→1.5B pair with
+    ar, graft, treegraft and hf-assisted, about 7 minutes on 2 quiet CPU cores once the models are fetched
+    (1.6 GB, first run only). The estimated time is printed after the warm-up. `--methods all --suite full` runs every
     method on 480 questions: hours on a CPU.
     """
     chosen_pair = pair or (None if profile else DEFAULT_BENCH_PAIR)
