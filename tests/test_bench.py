@@ -111,7 +111,7 @@ def test_three_way_near_tie_is_judged_by_distance_from_the_best():
     logits[[2, 5, 7]] = torch.tensor([12.0, 11.875, 11.75])  # three near-equal tokens, bf16 steps apart
     tie = judge_divergence(logits, 5, 7, tolerance=0.5, position=8)
     assert tie.status == TIE and tie.position == 8
-    assert tie.distances == pytest.approx((0.125, 0.25)) and tie.ranks == (2, 3)
+    assert tie.distances == pytest.approx((0.125, 0.25)) and tie.ranks == (2, 3) and tie.near_best == 3
     assert tie.gap == pytest.approx(0.125)  # top-1 minus top-2, kept for compatibility
     assert judge_divergence(logits, 2, 7, tolerance=0.2).status == MISMATCH  # 0.25 from the best: beyond 0.2
     assert judge_divergence(logits, 2, 0, tolerance=0.5).distances == pytest.approx((0.0, 17.0))

@@ -7,7 +7,7 @@ the common prefix and measure, for each of the two diverging tokens, its *distan
 best logit there (``max logit − logit(token)``, 0 for the best token itself). The divergence is a *tie*
 (reported, still lossless) when both distances are at most the tie tolerance: any token within rounding
 reach of the maximum could have been the argmax under the other rounding, however many tokens share the
-near-tie (three digits after "is" are a common case). Anything else is a *mismatch* (not lossless).
+near-tie (three digits after "is" are a common case); ``near_best`` says how many tokens that is. Anything else is a *mismatch* (not lossless).
 Later turns of a conversation whose earlier turn diverged see different histories and are not compared
 (status ``after-divergence``).
 """
@@ -35,6 +35,7 @@ class TurnCheck:
     gap: float | None = None  # target's top-1 minus top-2 logit there
     distances: tuple[float, float] | None = None  # (reference token, candidate token): max logit − its logit
     ranks: tuple[int, int] | None = None  # (reference token, candidate token): 1 = the target's best
+    near_best: int | None = None  # vocabulary tokens within the tie tolerance of the best logit (3: a three-way tie)
 
     @property
     def lossless(self) -> bool:
@@ -64,7 +65,8 @@ def judge_divergence(
     top_two = torch.topk(logits, 2).values if logits.numel() > 1 else logits.repeat(2)
     gap = float(top_two[0] - top_two[1])
     tied = tolerance > 0 and max(distances) <= tolerance
-    return TurnCheck(TIE if tied else MISMATCH, position, gap, distances, ranks)
+    near_best = int((logits >= best - tolerance).sum())
+    return TurnCheck(TIE if tied else MISMATCH, position, gap, distances, ranks, near_best)
 
 
 @torch.no_grad()

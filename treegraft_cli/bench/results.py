@@ -15,9 +15,10 @@
     partial             true only in results.partial.json (an interrupted run), with ``interrupted``
     lossless            all contenders lossless (null at temperature > 0: not checked)
     lossless_basis      how losslessness is established: by comparison with ar (greedy), or by the sampling tests (T > 0)
-    failures            [{method, benchmark, question_id, turn, position, gap, distances, ranks}] mismatches
+    failures            [{method, benchmark, question_id, turn, position, gap, distances, ranks, near_best}] mismatches
     ties                the same fields for every turn judged a tie (bench/lossless.py): gap is the target's
-                        top-1 minus top-2 logit, distances / ranks are ar's and the method's token's
+                        top-1 minus top-2 logit, distances / ranks are ar's and the method's token's,
+                        near_best how many tokens lie within the tie tolerance of the best logit
     methods: {NAME: {
         kind            "method" (a registered treegraft method) | "peer" (transformers' own)
         config          the DecodeConfig it ran with
@@ -175,7 +176,7 @@ def divergences(records: Sequence[ContenderRecord], status: str) -> list[dict[st
         {"method": r.name, "benchmark": q.question.benchmark, "question_id": q.question.question_id, "turn": i,
          "repeat": q.repeat, "position": t.check.position, "gap": t.check.gap,
          "distances": list(t.check.distances) if t.check.distances else None,
-         "ranks": list(t.check.ranks) if t.check.ranks else None}
+         "ranks": list(t.check.ranks) if t.check.ranks else None, "near_best": t.check.near_best}
         for r in records for q in r.questions for i, t in enumerate(q.turns) if t.check.status == status
     ]
 
