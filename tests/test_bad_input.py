@@ -67,7 +67,8 @@ def commands(prompts: Path, out: Path) -> dict[str, list[str]]:
     """One invocation per command that reads prompts, before the case's own options."""
     return {
         "bench": ["bench", "--pair", PAIR, "--prompts", prompts, "--out", out, "--no-plots"],
-        "tune": ["tune", "--pair", PAIR, "--prompts", prompts, "--out", out / "p.yaml", "--trials", "1"],
+        "tune": ["tune", "--pair", PAIR, "--prompts", prompts, "--out", out / "p.yaml", "--trials", "1",
+                 "--validation-prompts", "0"],
         "collect": ["collect", "--pair", PAIR, "--prompts", prompts, "--out", out],
     }
 
@@ -190,7 +191,7 @@ def test_unwritable_out_is_refused_before_loading(command, tmp_path, capsys, mon
     for out, needle in read_only_dirs(tmp_path):
         args = {
             "bench": ["bench", "--pair", PAIR, "--prompts", prompts, "--out", out],
-            "tune": ["tune", "--pair", PAIR, "--prompts", prompts, "--out", out / "p.yaml"],
+            "tune": ["tune", "--pair", PAIR, "--prompts", prompts, "--out", out / "p.yaml", "--validation-prompts", "0"],
             "collect": ["collect", "--pair", PAIR, "--prompts", prompts, "--out", out],
             "profile": ["profile", "--pair", PAIR, "--out", out / "cost.yaml"],
             "distill": ["distill", "--rollouts", tmp_path, "--out", out / "s.json"],

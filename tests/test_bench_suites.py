@@ -182,3 +182,14 @@ def test_package_data_is_found_after_a_non_editable_install(tmp_path):
     assert package.startswith(str(env_dir)) and data.startswith(str(env_dir)) and count == 480
     assert (Path(data) / "README.md").is_file()
     assert sys.prefix != str(env_dir)
+
+
+def test_a_question_window_keeps_to_questions_never_used_before():
+    window = suite_questions("quick", num_prompts=4, first_prompt=5)  # questions 5-8 of every file
+    full = suite_questions("full")
+    for name in BENCHMARKS:
+        assert [q.question_id for q in window if q.benchmark == name] == [q.question_id for q in full if q.benchmark == name][4:8]
+    with pytest.raises(ConfigError, match="no questions from question 81"):
+        suite_questions("mt_bench", first_prompt=81)
+    with pytest.raises(ConfigError, match="counted from 1"):
+        suite_questions("quick", first_prompt=0)

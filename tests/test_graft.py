@@ -238,6 +238,20 @@ def test_graft_that_never_fires_is_dense(tiny_self_pair):
     graft = speculative(tiny_self_pair, never, prompt)
     assert [s.accepted_length for s in graft.steps] == [s.accepted_length for s in dense.steps]
     assert [s.nodes_verified for s in graft.steps] == [s.nodes_verified for s in dense.steps]
+    assert all(s.syncs == 1 for s in graft.steps)  # a checkpoint that cannot fire is never read
+
+
+def test_a_checkpoint_that_changes_no_tree_is_judged_after_verification(tiny_self_pair):
+    """The last layer's checkpoint keeps the whole budget (K_draft 40 >= N 16): firing or not, the tree is
+    the pool's top 16, so no read decides it during drafting; its firing is still counted, from the verdict's read."""
+    prompt, tree = random_prompt(seed=5), TreeConfig(budget=16, depth=4, top_k=4)
+    dense = speculative(tiny_self_pair, DecodeConfig(method="dense", tree=tree, max_new_tokens=24), prompt)
+    always_last = {"thresholds": [0, 0, 1.0]}  # only the last checkpoint fires, and it always does
+    graft = speculative(tiny_self_pair, DecodeConfig(method="graft", tree=tree, max_new_tokens=24,
+                                                     method_options=always_last), prompt)
+    assert graft.output_ids == dense.output_ids
+    assert [s.nodes_verified for s in graft.steps] == [s.nodes_verified for s in dense.steps]
+    assert all(s.syncs == 1 and s.drafter_calls.get("graft_stage_2") == 1 for s in graft.steps)
 
 
 def test_table_is_kept_across_requests_until_reset(tiny_self_pair):

@@ -12,7 +12,9 @@ from treegraft_cli.engine import Generation
 from treegraft_cli.syncs import HostReads, SyncAuditor, counting, fetch, host_only, read, uncounted
 
 TREE = TreeConfig(budget=16, depth=4, top_k=4)
-CHECKPOINTS = 3  # graft's default checkpoints (0, 1, 5): each one reached is a decision read
+# graft's default checkpoints (0, 1, 5): those on layers 0 and 1 are decision reads; the one on the last
+# layer keeps K_draft 40 >= N 16, so it decides nothing and is read with the verdict
+DECIDING_CHECKPOINTS = 2
 # The verdict read is every step's one; beyond it a method reads only where it decides on data:
 # adjacency and graft how many retrieved nodes are new, graft whether a checkpoint fires,
 # the TreeGraft loop what each strong call sends back (one read per call).
@@ -22,7 +24,7 @@ LIMITS = {
     "dense": lambda calls: 1,
     "ngram": lambda calls: 1,
     "adjacency": lambda calls: 2,
-    "graft": lambda calls: 2 + CHECKPOINTS,
+    "graft": lambda calls: 2 + DECIDING_CHECKPOINTS,
     "all-small": lambda calls: 1,
     "all-mid": lambda calls: 1 + calls,
     "fixed:1,3": lambda calls: 1 + calls,

@@ -13,7 +13,7 @@ from treegraft_cli.config import DecodeConfig
 from treegraft_cli.errors import ConfigError
 from treegraft_cli.methods import METHODS
 from treegraft_cli.profiles import load_profile
-from treegraft_cli.tune import apply, load_space, space_names
+from treegraft_cli.tune import apply, completed, load_space, selected_trial, space_names
 
 PAIR = "tiny-random@layers=2:tiny-random"
 
@@ -24,7 +24,7 @@ def test_tune_runs_resumes_and_exports_a_profile(tmp_path):
     out = tmp_path / "best.yaml"
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     args = ["tune", "--pair", PAIR, "--method", "dense", "--prompts", str(prompts), "-n", "4", "--dtype", "fp32",
-            "--storage", storage, "--study", "s", "--out", str(out)]
+            "--storage", storage, "--study", "s", "--out", str(out), "--validation-prompts", "0"]
     first = CliRunner().invoke(app, args + ["--trials", "2"])
     assert first.exit_code == 0, first.output
     second = CliRunner().invoke(app, args + ["--trials", "1"])
@@ -36,7 +36,7 @@ def test_tune_runs_resumes_and_exports_a_profile(tmp_path):
     summary = json.loads(second.stdout.strip().splitlines()[-1])
     assert summary["trials"] == 3 and summary["profile"] == str(out)
     profile = load_profile(str(out))
-    assert profile.pair == PAIR and profile.tuned["study"] == "s"
+    assert profile.pair == PAIR and profile.tuned["study"] == "s" and profile.tuned["selected_by"] == "search"
     best = study.trials[summary["best_trial"]].params
     assert profile.decode.tree.budget == best["tree.budget"] and profile.decode.tree.depth == best["tree.depth"]
     assert out.with_suffix(".png").stat().st_size > 0
@@ -70,3 +70,50 @@ def test_malformed_space_names_the_field(tmp_path):
         load_space("x", bad)
     with pytest.raises(ConfigError, match="spaces exist for"):
         load_space("nosuch")
+
+
+def questions_file(path, count: int):
+    path.write_text("".join(json.dumps({"question_id": i, "turns": [f"Count to {i + 3}."]}) + "\n" for i in range(count)))
+    return path
+
+
+def test_the_best_search_trials_are_validated_on_unseen_questions_and_the_best_there_exported(tmp_path):
+    prompts = questions_file(tmp_path / "q.jsonl", 3)
+    out = tmp_path / "best.yaml"
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    args = ["tune", "--pair", PAIR, "--method", "dense", "--prompts", str(prompts), "-n", "4", "--dtype", "fp32",
+            "--storage", storage, "--study", "v", "--out", str(out), "--trials", "3", "--num-prompts", "1",
+            "--validation-prompts", "2", "--validate-top", "2"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    study = optuna.load_study(study_name="v", storage=storage)
+    record = study.user_attrs["validation"]
+    assert record["questions"] == ["q/1", "q/2"] and record["max_new_tokens"] == 4  # the questions after the search's
+    validated = {int(n): v for n, v in record["speedups"].items()}
+    by_search = sorted(completed(study), key=lambda t: -t.values[0])
+    assert set(validated) == {t.number for t in by_search[:2]} and all(v > 0 for v in validated.values())
+    chosen = max(validated, key=validated.get)
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["best_trial"] == chosen and summary["selected_by"] == "validation"
+    assert summary["validation_speedup"] == pytest.approx(validated[chosen])
+    profile = load_profile(str(out))
+    assert profile.tuned["trial"] == chosen and profile.tuned["validation_speedup"] == pytest.approx(validated[chosen])
+    assert profile.tuned["validation_questions"] == ["q/1", "q/2"]
+
+
+def test_export_prefers_validation_over_search():
+    study = optuna.create_study(direction="maximize")
+    for value in (1.5, 1.4, 1.2):
+        study.add_trial(optuna.trial.create_trial(params={}, distributions={}, value=value))
+    assert selected_trial(study)[0].number == 0 and selected_trial(study)[1] is None  # nothing validated: search
+    study.set_user_attr("validation", {"questions": ["q/1"], "max_new_tokens": 4, "speedups": {"0": 1.1, "1": 1.3}})
+    best, speedup = selected_trial(study)
+    assert (best.number, speedup) == (1, 1.3)  # search's winner was luckier on the search questions
+
+
+def test_validation_needs_questions_after_the_search_ones(tmp_path):
+    prompts = questions_file(tmp_path / "q.jsonl", 1)
+    result = CliRunner().invoke(app, ["tune", "--pair", PAIR, "--prompts", str(prompts), "--trials", "1",
+                                      "--storage", f"sqlite:///{tmp_path / 's.db'}", "--out", str(tmp_path / "x.yaml")])
+    assert isinstance(result.exception, ConfigError)
+    assert "no validation questions" in str(result.exception) and "--validation-prompts 0" in str(result.exception)

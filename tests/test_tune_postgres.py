@@ -57,7 +57,7 @@ def prompts_file(directory: Path, count: int) -> Path:
 def tune_args(url: str, study: str, prompts: Path, out: Path, trials: int, tokens: int = 16) -> list[str]:
     return ["tune", "--pair", PAIR, "--method", "dense", "--prompts", str(prompts), "--num-prompts", "9", "-n", str(tokens),
             "--dtype", "fp32", "--storage", url, "--study", study, "--out", str(out), "--trials", str(trials),
-            "--heartbeat", str(HEARTBEAT)]
+            "--heartbeat", str(HEARTBEAT), "--validation-prompts", "0"]
 
 
 def test_two_workers_share_one_study(postgres, tmp_path, capsys, monkeypatch):

@@ -86,13 +86,13 @@ def row_question(row: dict[str, Any], number: int, benchmark: str, where: str) -
                     tuple(turns))
 
 
-def dataset_questions(spec: str, limit: int | None = None) -> list[Question]:
-    """The questions of ``hf:SPEC``, at most ``limit``."""
+def dataset_questions(spec: str, limit: int | None = None, skip: int = 0) -> list[Question]:
+    """The questions of ``hf:SPEC``: at most ``limit`` after the first ``skip`` rows."""
     name, config, split = parse_spec(spec)
     rows = load_rows(name, config, split)
     benchmark = Path(name.rstrip("/")).stem or name
-    count = len(rows) if limit is None else min(limit, len(rows))
-    questions = [row_question(rows[i], i, benchmark, f"hf:{spec}") for i in range(count)]
-    if not questions:
+    if not len(rows):
         raise ConfigError(f"dataset hf:{spec} holds no rows", "check the split (hf:NAME:SPLIT)")
+    end = len(rows) if limit is None else min(skip + limit, len(rows))
+    questions = [row_question(rows[i], i, benchmark, f"hf:{spec}") for i in range(skip, end)]
     return questions

@@ -57,9 +57,10 @@ def data_dir() -> Path:
     return path
 
 
-def load_questions(path: Path, benchmark: str | None = None, limit: int | None = None) -> list[Question]:
-    """Read a FastChat question file; every line needs ``question_id`` and a non-empty ``turns`` list (all lines
-    are checked, also those past ``limit``, so a bad file fails now rather than in a later, longer run)."""
+def load_questions(path: Path, benchmark: str | None = None, limit: int | None = None, skip: int = 0) -> list[Question]:
+    """Read a FastChat question file: ``limit`` questions after the first ``skip``. Every line needs ``question_id``
+    and a non-empty ``turns`` list (all lines are checked, also those not taken, so a bad file fails now rather
+    than in a later, longer run)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"prompt file {path} does not exist", "pass an existing FastChat .jsonl question file")
@@ -85,29 +86,41 @@ def load_questions(path: Path, benchmark: str | None = None, limit: int | None =
         questions.append(Question(name, record["question_id"], str(record.get("category", "")), tuple(turns)))
     if not questions:
         raise ConfigError(f"prompt file {path} holds no questions", "one JSON object a line (FastChat format)")
-    return questions if limit is None else questions[:limit]  # every line is checked, not only the ones taken
+    return questions[skip:] if limit is None else questions[skip : skip + limit]
+
+
+class NoQuestionsError(ConfigError):
+    """The question files end before the first question asked for."""
 
 
 def suite_questions(
-    suite: str = "quick", prompt_files: Sequence[Path] = (), num_prompts: int | None = None
+    suite: str = "quick", prompt_files: Sequence[Path] = (), num_prompts: int | None = None, first_prompt: int = 1
 ) -> list[Question]:
     """The questions of a suite: ``quick`` (QUICK_PROMPTS per benchmark), ``full`` (all), ``NAME,NAME``, or
     ``hf:NAME[@CONFIG][:SPLIT]`` (a dataset, ``bench/hub.py``).
 
-    ``prompt_files`` replace the suite. ``num_prompts`` caps the questions taken from each file.
+    ``prompt_files`` replace the suite. From each file (benchmark, dataset) the questions are taken from the
+    ``first_prompt``-th on (1-based), ``num_prompts`` of them: questions 5-8 are ``first_prompt=5, num_prompts=4``,
+    so a run can keep to questions that tuning and development never saw.
     """
     if num_prompts is not None and num_prompts < 1:
         raise ConfigError(f"--num-prompts {num_prompts} < 1", "pass --num-prompts 1 or more")
+    if first_prompt < 1:
+        raise ConfigError(f"--first-prompt {first_prompt} < 1", "questions are counted from 1: pass --first-prompt 1 or more")
+    skip = first_prompt - 1
     if prompt_files:
-        return [q for path in prompt_files for q in load_questions(Path(path), limit=num_prompts)]
-    if suite.startswith(HUB_PREFIX):
+        questions = [q for path in prompt_files for q in load_questions(Path(path), limit=num_prompts, skip=skip)]
+    elif suite.startswith(HUB_PREFIX):
         from .hub import dataset_questions  # imports `datasets`: only when asked for
 
-        return dataset_questions(suite[len(HUB_PREFIX):], num_prompts)
-    names = suite_benchmarks(suite)
-    limit = num_prompts if num_prompts is not None else (QUICK_PROMPTS if suite == "quick" else None)
-    root = data_dir()
-    return [q for name in names for q in load_questions(root / f"{name}.jsonl", name, limit)]
+        questions = dataset_questions(suite[len(HUB_PREFIX):], num_prompts, skip)
+    else:
+        limit = num_prompts if num_prompts is not None else (QUICK_PROMPTS if suite == "quick" else None)
+        root = data_dir()
+        questions = [q for name in suite_benchmarks(suite) for q in load_questions(root / f"{name}.jsonl", name, limit, skip)]
+    if not questions:
+        raise NoQuestionsError(f"no questions from question {first_prompt} on", "pass a smaller --first-prompt")
+    return questions
 
 
 def suite_benchmarks(suite: str) -> list[str]:

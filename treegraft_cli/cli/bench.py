@@ -37,7 +37,7 @@ from ..config import parse_options
 from ..errors import ConfigError
 from ..pipeline import Pipeline
 from . import console
-from .options import Compile, Thinking
+from .options import Compile, FirstPrompt, Thinking
 from .resolve import resolve_run
 
 QUICK_MAX_NEW_TOKENS = 64  # the quick suite's default
@@ -51,6 +51,7 @@ def bench(
     suite: Annotated[str, typer.Option("--suite", help=f"quick | full | comma list of {', '.join(BENCHMARKS)} | hf:NAME, hf:NAME:SPLIT, hf:NAME@CONFIG:SPLIT (a dataset).")] = "quick",
     prompts: Annotated[list[Path] | None, typer.Option("--prompts", help="FastChat / Spec-Bench question file(s); replace --suite.")] = None,
     num_prompts: Annotated[int | None, typer.Option("--num-prompts", help="Questions per benchmark file.")] = None,
+    first_prompt: FirstPrompt = 1,
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", "-n", help=f"Tokens per turn (quick: {QUICK_MAX_NEW_TOKENS}).")] = None,
     temperature: Annotated[float | None, typer.Option("--temperature", "-t", help="0 is greedy (lossless is checked only then).")] = None,
     budget: Annotated[int | None, typer.Option("--budget", "-N", help="Tree budget override.")] = None,
@@ -91,7 +92,7 @@ def bench(
     if repeats < 1:
         raise ConfigError(f"--repeats {repeats} < 1", "pass --repeats 1 or more")
     check_tolerances(tolerance, tau_tolerance)
-    questions = suite_questions(suite, prompts or (), num_prompts)
+    questions = suite_questions(suite, prompts or (), num_prompts, first_prompt)
     reference = load_baseline(baseline) if baseline else None
     ensure_writable_dir(out)
     ties = TIE_TOLERANCE[run.dtype] if tie_tolerance is None else tie_tolerance

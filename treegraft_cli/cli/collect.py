@@ -21,7 +21,7 @@ from ..scheduling.rollouts import CollectSettings, parse_shard
 from ..scheduling.rollouts import collect as run_collect
 from ..scheduling.shards import FORMATS, SETTINGS_FILE, read_settings
 from . import console
-from .options import MethodOptions, Thinking
+from .options import FirstPrompt, MethodOptions, Thinking
 from .resolve import has_drafter, resolve_run
 
 QUICK_CONTEXTS = (128,)  # the in-process profile when no --cost is given: one short context
@@ -34,6 +34,7 @@ def collect(
     suite: Annotated[str, typer.Option("--suite", help=f"quick | full | comma list of {', '.join(BENCHMARKS)}.")] = "quick",
     prompts: Annotated[list[Path] | None, typer.Option("--prompts", help="FastChat question file(s); replace --suite.")] = None,
     num_prompts: Annotated[int | None, typer.Option("--num-prompts", help="Questions per benchmark file.")] = None,
+    first_prompt: FirstPrompt = 1,
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", "-n", help="Tokens per turn.")] = None,
     cost: Annotated[Path | None, typer.Option("--cost", help="Cost profile from `treegraft profile` (default: a quick one measured now).")] = None,
     shard: Annotated[str, typer.Option("--shard", help="i/n: this worker takes every n-th prompt from the i-th (0-based).")] = "0/1",
@@ -60,7 +61,7 @@ def collect(
     check_method(config, has_drafter(run.pair))  # a typo in --policy or -o fails before any model loads
     make_policy(continuation, METHODS["treegraft"].parse_options(method_options))
     settings = CollectSettings(run.pair, run.dtype, config, continuation, every, fmt)
-    questions = suite_questions(suite, prompts or (), num_prompts)
+    questions = suite_questions(suite, prompts or (), num_prompts, first_prompt)
     ensure_writable_dir(out)
     with console.fetch_progress() as progress:
         pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress, run.thinking)

@@ -141,7 +141,8 @@ def _verdict(method: dict[str, Any]) -> str:
         return "n/a (sampling)"
     if not method["lossless"]:
         return f"[bold red]NO[/] ({method['mismatches']} mismatch)"
-    return f"yes ({method['ties']} ties)" if method["ties"] else "yes"
+    ties = method["ties"]
+    return f"yes ({ties} tie{'s' if ties != 1 else ''})" if ties else "yes"
 
 
 def _speedup(m: dict[str, Any]) -> str:

@@ -39,6 +39,13 @@ Thinking = Annotated[
         help="Chat template's enable_thinking (Qwen3 templates think by default; default: the profile's, else the template's).",
     ),
 ]
+FirstPrompt = Annotated[
+    int,
+    typer.Option(
+        "--first-prompt",
+        help="First question taken from each benchmark file (1-based): --first-prompt 5 --num-prompts 4 is questions 5-8.",
+    ),
+]
 MethodOptions = Annotated[
     list[str] | None,
     typer.Option(

@@ -9,7 +9,9 @@ the paper's indexing); after that layer is drafted, ``c_d = exp(max cumulative l
 is compared with ``τ_d``. The first checkpoint with ``c_d < τ_d`` fires: drafting stops, the stage's
 ``K_draft`` best draft nodes are kept (prefix-closed) and the remaining ``N - kept`` slots are grafted
 from that stage's retrieval template (merged under the shared root, duplicates merged per parent).
-No checkpoint fires: the top-N of the full pool, exactly like ``dense``. A checkpoint at or past the
+No checkpoint fires: the top-N of the full pool, exactly like ``dense``. A checkpoint whose firing cannot
+change the tree (τ_d = 0, or on the last layer with ``K_draft`` ≥ N) is judged after verification, in
+the step's one read, so it costs no synchronisation of its own. A checkpoint at or past the
 last drafted layer (``--depth`` D layers) is checked on the last layer, so the paper's (0, 1, 5) works
 with any D. ``K_draft`` above N is read as N.
 
@@ -32,8 +34,9 @@ from ..config import DecodeConfig
 from ..drafters.adjacency import AdjacencyTable
 from ..drafters.rank_template import BASE_TEMPLATE, RankTemplate, build_template, scale_counts
 from ..errors import ConfigError
-from ..syncs import read
+from ..syncs import host_value, read
 from ..tree import DraftTree
+from ..verify import Verdict
 from .base import Method, Models, Observation, Prefill, register
 from .model_drafting import DenseMethod
 
@@ -153,7 +156,8 @@ class GraftMethod(DenseMethod):
         super().__init__(models, config)
         self.table = AdjacencyTable(self.options.table_k, models.drafter.device)  # grafted onto the drafter's trees
         self.stages = self._stages(models.drafter.device)
-        self.fired: int | None = None
+        self.fired: int | None = None  # the stage that fired in the last step
+        self.deferred: tuple[list[int], torch.Tensor] | None = None  # stages judged after the step, their log c_d
 
     def _stages(self, device: torch.device) -> tuple[Stage, ...]:
         options, budget, last_layer = self.options, self.config.tree.budget, self.config.tree.depth - 1
@@ -181,13 +185,9 @@ class GraftMethod(DenseMethod):
         super().start(prefill)
         self.table.write_prompt(prefill.prompt_ids, prefill.logits)
 
-    def observe(self, observation: Observation) -> None:
-        super().observe(observation)
-        self.table.write_verified(observation.tree, observation.path, observation.logits)
-
     def draft(self, committed: torch.Tensor) -> DraftTree:
         k, budget = self.config.tree.top_k, self.config.tree.budget
-        self.fired = None
+        self.fired, self.deferred = None, None
         depth = self.config.tree.depth
         tree = DraftTree.from_root(committed[-1:], self.drafter.device, capacity=1 + k + (depth - 1) * k * k)
         logits = self.drafter.begin_step(committed)[None]
@@ -204,12 +204,42 @@ class GraftMethod(DenseMethod):
         return tree.top_by_score(budget)
 
     def stage_fired(self, tree: DraftTree, layer: int) -> int | None:
-        """Index of the first checkpoint on ``layer`` whose confidence is below its threshold, else None."""
+        """Index of the first checkpoint on ``layer`` whose confidence is below its threshold, else None.
+
+        Checkpoints whose firing would give the very tree that not firing gives (``changes_nothing``) decide
+        nothing, so they are not read now: their confidence is read with the verdict (``readback``), for the
+        stage counts alone.
+        """
         stages = [i for i, stage in enumerate(self.stages) if stage.layer == layer]
         if not stages:
             return None
-        best = read(torch.where(tree.depths == layer + 1, tree.scores, float("-inf")).max())  # log c_d
-        return next((i for i in stages if best < self.stages[i].log_threshold), None)
+        best = torch.where(tree.depths == layer + 1, tree.scores, float("-inf")).max()  # log c_d, on the device
+        if all(self.changes_nothing(self.stages[i], tree) for i in stages):
+            self.deferred = (stages, best)
+            return None
+        best = read(best)
+        return self.first_below(stages, best)
+
+    def changes_nothing(self, stage: Stage, tree: DraftTree) -> bool:
+        """Firing ``stage`` now gives the tree that not firing gives: it never fires (τ_d = 0), or it is on the
+        last layer and keeps the whole budget of a pool at least that large."""
+        if stage.log_threshold == -math.inf:
+            return True
+        budget = self.config.tree.budget
+        return stage.layer == self.config.tree.depth - 1 and stage.draft_nodes >= budget and tree.size >= budget
+
+    def first_below(self, stages: list[int], log_confidence: float) -> int | None:
+        return next((i for i in stages if log_confidence < self.stages[i].log_threshold), None)
+
+    def readback(self, tree: DraftTree, verdict: Verdict, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        deferred = (self.deferred[1].reshape(1),) if self.deferred is not None else ()
+        return super().readback(tree, verdict, logits) + deferred
+
+    def observe(self, observation: Observation) -> None:
+        if self.deferred is not None and len(observation.host) > 1:
+            self.fired = self.first_below(self.deferred[0], float(host_value(observation.host[1])[0]))
+        super().observe(observation)
+        self.table.write_verified(observation.tree, observation.path, observation.logits)
 
     def drafter_calls(self) -> dict[str, int]:
         calls = super().drafter_calls()

@@ -1,4 +1,4 @@
-"""Tune: an Optuna study over a method's search space; exports the best configuration as a profile."""
+"""Tune: an Optuna study over a method's search space; exports the configuration best on validation questions as a profile."""
 
 from .space import SearchSpace, apply, load_space, space_names
 from .storage import hide_password, open_storage, worker_id
@@ -10,6 +10,7 @@ from .study import (
     open_study,
     run_tune,
 )
+from .validation import selected_trial, validate_trials, validation_speedups
 
 __all__ = ["SearchSpace", "TuneSettings", "apply", "best_trial", "completed", "export_profile", "hide_password",
-           "load_space", "open_storage", "open_study", "run_tune", "space_names", "worker_id"]
+           "load_space", "open_storage", "open_study", "run_tune", "selected_trial", "space_names", "validate_trials", "validation_speedups", "worker_id"]

@@ -40,6 +40,7 @@ from ..pipeline import Pipeline
 from ..profiles import Profile, dump_profile
 from .space import SearchSpace, apply
 from .storage import hide_password, open_storage, worker_id
+from .validation import recorded_validation, selected_trial
 
 # (trial number, value or None when pruned/failed, done, total)
 TrialProgress = Callable[[int, float | None, int, int], None]
@@ -232,9 +233,11 @@ def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial:
 def export_profile(
     study: optuna.Study, space: SearchSpace, settings: TuneSettings, out: Path, thinking: bool | None = None
 ) -> Profile:
-    """Write the best configuration as a profile YAML (atomically) and return it; ``thinking``: the chat
-    template switch the study's prompts were formatted with, so the profile formats them the same way."""
-    best = best_trial(study)
+    """Write the selected configuration (best on validation, else best on search: ``selected_trial``) as a
+    profile YAML (atomically) and return it; ``thinking``: the chat template switch the study's prompts were
+    formatted with, so the profile formats them the same way."""
+    best, validation_speedup = selected_trial(study)
+    validation = recorded_validation(study)
     config = apply(settings.base, space.method, space.resolve(best.params))
     pareto = []
     if len(study.directions) > 1:
@@ -248,6 +251,9 @@ def export_profile(
         device=settings.device,
         description=f"tuned by `treegraft tune` ({space.method}, study {study.study_name})",
         tuned={"study": study.study_name, "trial": best.number, "speedup": best.values[0], "trials": len(study.trials),
+               "selected_by": "search" if validation_speedup is None else "validation",
+               **({"validation_speedup": validation_speedup, "validation_questions": validation["questions"],
+                   "validation_max_new_tokens": validation["max_new_tokens"]} if validation_speedup is not None else {}),
                "space": space.source, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                **({"pareto": pareto} if pareto else {})},
         thinking=thinking,
