@@ -115,9 +115,10 @@ def suite_questions(
 
         questions = dataset_questions(suite[len(HUB_PREFIX):], num_prompts, skip)
     else:
+        names = suite_benchmarks(suite)
         limit = num_prompts if num_prompts is not None else (QUICK_PROMPTS if suite == "quick" else None)
         root = data_dir()
-        questions = [q for name in suite_benchmarks(suite) for q in load_questions(root / f"{name}.jsonl", name, limit, skip)]
+        questions = [q for name in names for q in load_questions(root / f"{name}.jsonl", name, limit, skip)]
     if not questions:
         raise NoQuestionsError(f"no questions from question {first_prompt} on", "pass a smaller --first-prompt")
     return questions
