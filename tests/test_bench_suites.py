@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from treegraft_cli.bench import BENCHMARKS, data_dir, suite_questions
 from treegraft_cli.bench.answers import answer_lines
 from treegraft_cli.bench.hub import parse_spec
-from treegraft_cli.bench.machine import BusyProcess, MachineLoad
+from treegraft_cli.bench.machine import BusyProcess, MachineLoad, shares_cores
 from treegraft_cli.bench.plots import series_colours
 from treegraft_cli.bench.records import ContenderRecord, QuestionRecord, TurnRecord
 from treegraft_cli.cli import app
@@ -136,6 +136,19 @@ def test_machine_load_warnings():
     assert len(found) == 2 and "python (pid 7" in found[0] and "OMP_NUM_THREADS=1" in found[1]
     assert len(busy.warnings(device="cuda")) == 1  # thread contention is a CPU concern
     assert busy.to_json()["free_cores"] == 1.0
+
+
+def test_a_process_pinned_to_other_cores_does_not_count_as_busy():
+    class Pinned:
+        def __init__(self, cores):
+            self.cores = cores
+
+        def cpu_affinity(self):
+            return self.cores
+
+    assert not shares_cores(Pinned([1]), {0})  # one benchmark per core: taskset -c 0 and taskset -c 1
+    assert shares_cores(Pinned([0, 1]), {0})
+    assert shares_cores(Pinned([1]), None)  # affinity unknown: assume it competes
 
 
 def test_every_plot_series_gets_its_own_colour():

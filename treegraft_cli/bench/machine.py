@@ -3,7 +3,8 @@
 A CPU benchmark shares the cores with everything else: another process that keeps a core busy, or more
 torch threads than there are free cores, makes timings noisy and ratios drift. ``sample_load`` watches
 every process's CPU use for a moment (psutil); a process using at least ``BUSY_CORES`` of a core is
-*busy*. Free cores = usable cores (this process's CPU affinity) − cores the other processes use. Bench
+*busy*, unless it is pinned to cores this process may not use (``taskset``: one benchmark per core does
+not disturb another). Free cores = usable cores (this process's CPU affinity) − cores the other processes use. Bench
 samples before it loads the models and after the timed run, records both in ``results.json``
 (``environment.machine_load``) and warns when it sees busy processes or more torch threads than free cores.
 """
@@ -63,16 +64,32 @@ class MachineLoad:
 
 
 def usable_cpus() -> int:
+    cores = usable_cpu_set()
+    return len(cores) if cores is not None else os.cpu_count() or 1
+
+
+def usable_cpu_set() -> set[int] | None:
     try:
-        return len(os.sched_getaffinity(0))
+        return set(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        return None
+
+
+def shares_cores(process: psutil.Process, cores: set[int] | None) -> bool:
+    """Whether ``process`` may run on any of ``cores`` (True when affinities cannot be read)."""
+    if cores is None:
+        return True
+    try:
+        return bool(set(process.cpu_affinity()) & cores)
+    except (psutil.Error, AttributeError):
+        return True
 
 
 def sample_load(seconds: float = SAMPLE_S) -> MachineLoad:
     """Every other process's CPU use over ``seconds``, with the thread count and the load average."""
     me = os.getpid()
-    processes = [p for p in psutil.process_iter(["name"]) if p.pid != me]
+    mine = usable_cpu_set()
+    processes = [p for p in psutil.process_iter(["name"]) if p.pid != me and shares_cores(p, mine)]
     for process in processes:
         try:
             process.cpu_percent(None)  # the first call starts the process's measurement

@@ -151,6 +151,9 @@ def report(results: dict[str, Any], path: Path, reference: dict[str, Any] | None
         for regression in regressions:
             console.error(f"performance regression: {regression.describe()}",
                           f"baseline {baseline}, tolerance {tolerance} (τ {tau_tolerance})")
+        if not regressions:
+            console.info(f"regression gate passed against {baseline}: {', '.join(compared)} "
+                         f"(tolerance {tolerance}, τ {tau_tolerance})")
         failed = failed or bool(regressions)
     console.json_line(line)
     if failed:
