@@ -19,7 +19,7 @@ from treegraft_cli.bench.hub import parse_spec
 from treegraft_cli.bench.machine import BusyProcess, MachineLoad, shares_cores
 from treegraft_cli.bench.plots import series_colours
 from treegraft_cli.bench.records import ContenderRecord, QuestionRecord, TurnRecord
-from treegraft_cli.cli import app
+from treegraft_cli.cli import app, console
 from treegraft_cli.config import DecodeConfig
 from treegraft_cli.engine import Generation
 from treegraft_cli.errors import ConfigError
@@ -171,6 +171,22 @@ def test_plain_progress_lines_when_stderr_is_not_a_terminal(tmp_path):
     assert any(line.startswith("estimated time: about") for line in lines)
     environment = json.loads((tmp_path / "out" / "results.json").read_text())["environment"]
     assert environment["torch_threads"] >= 1 and set(environment["machine_load"]) == {"start", "end"}
+
+
+def test_time_left_is_judged_per_phase(monkeypatch, capsys):
+    """A second phase (tune's validation after its trials) counts from 0 again: its estimate must not use
+    the first phase's time."""
+    clock = iter([0.0, 0.0, 600.0, 1200.0, 1210.0])
+    monkeypatch.setattr(console.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(console.sys.stderr, "isatty", lambda: False)
+    with console.counter_progress() as update:
+        update("trial 0", 0, 2)  # t=0
+        update("trial 1", 1, 2)  # t=600: 600 s a trial, 600 s left
+        update("validating", 0, 4)  # t=1200: a new phase
+        update("validating", 1, 4)  # t=1210: 10 s an item, 30 s left
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[1].endswith("(10m00s elapsed, about 10m00s left)")
+    assert lines[3].endswith("(20m10s elapsed, about 30s left)")
 
 
 @pytest.mark.slow

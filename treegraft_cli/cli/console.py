@@ -93,11 +93,16 @@ def counter_progress() -> Iterator[Any]:
     a Rich bar on a terminal; one plain line per call otherwise (a log or CI shows the run is alive)."""
     if not sys.stderr.isatty():
         started = time.monotonic()
+        phase = {"started": started, "total": None, "done": 0}  # a new total or a count going back: a new phase
 
         def line(description: str, done: int, total: int) -> None:
-            elapsed = time.monotonic() - started
-            left = f", about {duration(elapsed / done * (total - done))} left" if 0 < done < total else ""
-            sys.stderr.write(f"[{done}/{total}] {description} ({duration(elapsed)} elapsed{left})\n")
+            now = time.monotonic()
+            if total != phase["total"] or done < phase["done"]:
+                phase.update(started=now, total=total, base=done)
+            phase["done"] = done
+            progress, spent = done - phase["base"], now - phase["started"]
+            left = f", about {duration(spent / progress * (total - done))} left" if progress > 0 and done < total else ""
+            sys.stderr.write(f"[{done}/{total}] {description} ({duration(now - started)} elapsed{left})\n")
             sys.stderr.flush()
 
         yield line
