@@ -346,10 +346,19 @@ def test_step_rule_calls_at_the_strong_steps_layers_only():
     assert not two_and_three.decide(root_state()) and two_and_three.decide(root_state(2))
 
 
+def test_a_fresh_step_rule_prices_the_prompt_catch_up_before_its_first_strong_step():
+    """Nothing measured yet: the first step takes the kind with the best modelled rate. A strong step must first
+    forward the whole prompt (modelled at one strong call's ms per token, over the catch-up horizon)."""
+    short_prompt = StepRule(call_budget=5, hit_rate=0.8)
+    assert short_prompt.decide(root_state(strong_lag=1))  # 3.4 tokens in 570 ms beats 1 token in 240 ms
+    long_prompt = StepRule(call_budget=5, hit_rate=0.8)
+    assert not long_prompt.decide(root_state(strong_lag=500))  # + 500 · 90/8 / 8 ≈ 703 ms: the weak step wins
+
+
 def test_step_rule_prefers_a_confident_ngram_match_to_strong_calls():
     clock = FakeClock()
     rule = StepRule(call_budget=5, hit_rate=0.8, short_layers=(), clock=clock)
-    assert run_step(rule, clock, strong_chain(4), 5, 3000.0, lag=500)  # the prompt's catch-up: not timed
+    assert run_step(rule, clock, strong_chain(4), 5, 3000.0, lag=100)  # the prompt's catch-up: not timed
     assert rule.ms == 0 and rule.kinds["full"].tau == 5.0
     for _ in range(3):  # strong steps of τ 5 in 600 ms: R = 5/600 tokens per ms
         assert run_step(rule, clock, strong_chain(4), 5, 600.0)
@@ -394,8 +403,9 @@ def test_step_rule_charges_a_prompt_catch_up_over_its_horizon():
     rule = StepRule(call_budget=5, hit_rate=0.8, short_layers=(), explore=0, max_lag=64, catch_up_horizon=8.0, clock=clock)
     nothing = WeakPreview(torch.zeros(0, dtype=torch.long), torch.empty(0, 1))
     assert run_step(rule, clock, strong_chain(4), 5, 600.0)  # R = 5/600, T_strong = 600
-    # a new prompt: 500 tokens to catch up, not priced yet; it takes 2500 ms more than a strong step
-    assert run_step(rule, clock, strong_chain(4), 5, 3100.0, weak=nothing, lag=500)
+    # a new prompt: 80 tokens to catch up, priced by the model (90/8 ms a token over 8 steps: still worth it);
+    # it takes 400 ms more than a strong step, 5 ms a token, measured
+    assert run_step(rule, clock, strong_chain(4), 5, 1000.0, weak=nothing, lag=80)
     assert rule.catch_up_ms_per_token == pytest.approx(5.0) and rule.kinds["full"].mean_ms(0.0) == pytest.approx(600.0)
     # the next prompt's catch-up costs 500 · 5 / 8 ms more: 5 − 1 < R · (912.5 − 240); exploring does not force it
     assert not rule.decide(root_state(weak=nothing, strong_lag=500))

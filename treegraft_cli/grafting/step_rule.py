@@ -28,12 +28,15 @@ ratio objectives). So the step takes the kind with the largest
   (``rate_decay``); until measured, the cost model's (verification of the tree + the calls). A weak
   step's time follows its size: the measured mean, moved along the cost model's verification slope
   by the nodes the preview adds (a step with no match verifies little more than the root).
-- R: accepted tokens over wall time of the recent steps, both exponentially weighted.
+- R: accepted tokens over wall time of the recent steps, both exponentially weighted. Before the first
+  verified step (a new request when the bench resets state per question) R is the best modelled rate
+  τ_kind / T_kind, so the first step takes the kind that promises the most tokens per ms.
 
 A strong step whose first call catches the drafter up on more than ``max_lag`` committed tokens (the
 prompt, at a generation's first call) pays a one-off cost: its time is kept out of T and R, and its
 excess over its kind's T, per token caught up, is measured instead. The decision to pay it charges the
-step ``lag · ms_per_token / catch_up_horizon``: the catch-up is worth it only if about
+step ``lag · ms_per_token / catch_up_horizon`` (until measured, ms_per_token is a strong call's ms per
+token it forwards): the catch-up is worth it only if about
 ``catch_up_horizon`` strong steps will follow, so a long prompt the n-gram chains copy well keeps the
 strong drafter idle.
 
@@ -192,22 +195,32 @@ class StepRule(CallPolicy):
         self.estimate, weak_nodes = self.weak_estimate(state)
         catch_up = state.strong_lag > self.max_lag
         strong = [kind for kind in kinds.values() if kind.layers]
-        if self.ms <= 0:
-            return kinds["full"]
         costs = state.costs
-        extra = state.strong_lag * self.catch_up_ms_per_token / self.catch_up_horizon if catch_up else 0.0
-        weak_ms = self.weak_ms(costs, weak_nodes, state.budget)
-        values, times = {"weak": self.weak_outcomes.expected(self.estimate) - self.rate * weak_ms}, {}
+        extra = state.strong_lag * self.catch_up_cost(state) / self.catch_up_horizon if catch_up else 0.0
+        taus = {"weak": self.weak_outcomes.expected(self.estimate)}
+        times = {"weak": self.weak_ms(costs, weak_nodes, state.budget)}
         for kind in strong:
             modelled = costs.verify_at(state.budget, state.budget) + len(kind.layers) * costs.strong_ms
             times[kind.name] = kind.mean_ms(modelled) + extra
-            values[kind.name] = self.strong_tau(kind) - self.rate * times[kind.name]
+            taus[kind.name] = self.strong_tau(kind)
+        # R before any step is measured: the best modelled rate, so the first step takes the kind that
+        # promises the most tokens per ms (a catch-up on the prompt priced in) instead of always a full one
+        rate = self.rate if self.ms > 0 else max((taus[k] / times[k] for k in taus if times[k] > 0), default=0.0)
+        if rate <= 0:
+            return kinds["full"]
+        values = {name: taus[name] - rate * times[name] for name in taus}
         best = max(values, key=values.get)
         stale = max(strong, key=lambda kind: kind.idle)
-        upside = self.explore_upside * self.strong_tau(stale) - self.rate * times[stale.name]
+        upside = self.explore_upside * self.strong_tau(stale) - rate * times[stale.name]
         if stale.idle >= self.explore and not catch_up and upside > values[best]:
             return stale
         return kinds[best]
+
+    def catch_up_cost(self, state: SchedulerState) -> float:
+        """Ms per committed token a catch-up call costs: measured, else one strong call's ms per forwarded token."""
+        if self.catch_up_ms_per_token > 0 or state.costs.strong_ms <= 0:
+            return self.catch_up_ms_per_token
+        return state.costs.strong_ms / (2 * state.width)
 
     def weak_ms(self, costs: CostModel, nodes: int, budget: int) -> float:
         """T_weak for a tree of ``nodes``: the measured mean moved along the modelled verification slope."""
