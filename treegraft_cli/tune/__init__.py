@@ -4,13 +4,14 @@ from .space import SearchSpace, apply, load_space, space_names
 from .storage import hide_password, open_storage, worker_id
 from .study import (
     TuneSettings,
-    best_trial,
     completed,
     export_profile,
     open_study,
     run_tune,
+    selected_trial,
+    validation_speedups,
 )
-from .validation import selected_trial, validate_trials, validation_speedups
+from .validation import validate_trials
 
-__all__ = ["SearchSpace", "TuneSettings", "apply", "best_trial", "completed", "export_profile", "hide_password",
+__all__ = ["SearchSpace", "TuneSettings", "apply", "completed", "export_profile", "hide_password",
            "load_space", "open_storage", "open_study", "run_tune", "selected_trial", "space_names", "validate_trials", "validation_speedups", "worker_id"]

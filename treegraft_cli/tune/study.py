@@ -40,7 +40,6 @@ from ..pipeline import Pipeline
 from ..profiles import Profile, dump_profile
 from .space import SearchSpace, apply
 from .storage import hide_password, open_storage, worker_id
-from .validation import recorded_validation, selected_trial
 
 # (trial number, value or None when pruned/failed, done, total)
 TrialProgress = Callable[[int, float | None, int, int], None]
@@ -222,12 +221,36 @@ def completed(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
 
 
-def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial:
-    """The best trial: highest speedup (for two objectives: highest speedup on the Pareto front)."""
+VALIDATION_ATTR = "validation"  # the study's record of validated trials (tune/validation.py)
+
+
+def search_ranking(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Completed trials, best search speedup first (two objectives: the Pareto front only)."""
     trials = study.best_trials if len(study.directions) > 1 else completed(study)
-    if not trials:
+    return sorted(trials, key=lambda t: -t.values[0])
+
+
+def recorded_validation(study: optuna.Study) -> dict:
+    """The study's validation record ({} when none): questions, max_new_tokens, speedups by trial number (str)."""
+    return dict(study.user_attrs.get(VALIDATION_ATTR) or {})
+
+
+def validation_speedups(study: optuna.Study) -> dict[int, float]:
+    return {int(number): float(value) for number, value in recorded_validation(study).get("speedups", {}).items()}
+
+
+def selected_trial(study: optuna.Study) -> tuple[optuna.trial.FrozenTrial, float | None]:
+    """The trial to export: best on validation when the study has validated trials, else best on search;
+    with its validation speedup (None: not validated)."""
+    ranking = search_ranking(study)
+    if not ranking:
         raise ConfigError(f"study {study.study_name!r} has no completed trial", "run more --trials")
-    return max(trials, key=lambda t: t.values[0])
+    validated = validation_speedups(study)
+    candidates = [t for t in ranking if t.number in validated]
+    if not candidates:
+        return ranking[0], None
+    best = max(candidates, key=lambda t: validated[t.number])
+    return best, validated[best.number]
 
 
 def export_profile(

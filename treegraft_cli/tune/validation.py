@@ -20,39 +20,18 @@ from collections.abc import Callable, Sequence
 import optuna
 
 from ..bench.contenders import build_contender
-from ..bench.runner import run_conversation_turns
 from ..bench.suites import Question
 from ..config import DecodeConfig
-from ..errors import ConfigError
 from ..pipeline import Pipeline
 from .space import SearchSpace, apply
-
-VALIDATION_ATTR = "validation"
+from .study import VALIDATION_ATTR, recorded_validation, search_ranking, time_questions, validation_speedups
 
 # (what is being timed, done, total)
 ValidationProgress = Callable[[str, int, int], None]
 
 
-def search_ranking(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """Completed trials, best search speedup first (two objectives: the Pareto front only)."""
-    if len(study.directions) > 1:
-        trials = list(study.best_trials)
-    else:
-        trials = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    return sorted(trials, key=lambda t: -t.values[0])
-
-
 def question_names(questions: Sequence[Question]) -> list[str]:
     return [f"{q.benchmark}/{q.question_id}" for q in questions]
-
-
-def recorded_validation(study: optuna.Study) -> dict:
-    """The study's validation record ({} when none): questions, max_new_tokens, speedups by trial number (str)."""
-    return dict(study.user_attrs.get(VALIDATION_ATTR) or {})
-
-
-def validation_speedups(study: optuna.Study) -> dict[int, float]:
-    return {int(number): float(value) for number, value in recorded_validation(study).get("speedups", {}).items()}
 
 
 def validate_trials(
@@ -82,9 +61,9 @@ def validate_trials(
         for i, (label, contender) in enumerate(contenders):
             if progress is not None:
                 progress(f"validating {label} on {question.benchmark} #{question.question_id}", done, total)
-            turns = run_conversation_turns(pipeline, contender, question)
-            tokens[i] += sum(t.generation.new_tokens for t in turns)
-            seconds[i] += sum(t.generation.wall_s for t in turns)
+            (timing,) = time_questions(pipeline, contender, [question])
+            tokens[i] += timing.tokens
+            seconds[i] += timing.seconds
             done += 1
     ar_rate = tokens[0] / seconds[0] if seconds[0] > 0 else 0.0
     for trial, count, spent in zip(todo, tokens[1:], seconds[1:], strict=True):
@@ -92,17 +71,3 @@ def validate_trials(
     study.set_user_attr(VALIDATION_ATTR, {"questions": names, "max_new_tokens": base.max_new_tokens,
                                           "speedups": {str(n): v for n, v in sorted(known.items())}})
     return known
-
-
-def selected_trial(study: optuna.Study) -> tuple[optuna.trial.FrozenTrial, float | None]:
-    """The trial to export: best on validation when the study has validated trials, else best on search;
-    with its validation speedup (None: not validated)."""
-    ranking = search_ranking(study)
-    if not ranking:
-        raise ConfigError(f"study {study.study_name!r} has no completed trial", "run more --trials")
-    validated = validation_speedups(study)
-    candidates = [t for t in ranking if t.number in validated]
-    if not candidates:
-        return ranking[0], None
-    best = max(candidates, key=lambda t: validated[t.number])
-    return best, validated[best.number]
