@@ -16,7 +16,7 @@ from treegraft_cli.errors import ConfigError
 PAIR = "tiny-random@layers=2:tiny-random"
 METHOD_KEYS = {"kind", "config", "speedup", "tau", "tokens_per_s", "new_tokens", "wall_s", "steps", "lossless", "ties",
                "mismatches", "after_divergence", "acceptance_by_depth", "drafter_calls_per_step", "time_split",
-               "peak_memory_mb", "per_benchmark", "syncs_per_step"}
+               "peak_memory_mb", "per_benchmark", "syncs_per_step", "acceptance_by_origin"}
 
 
 def write_prompts(tmp_path):
@@ -57,6 +57,12 @@ def test_bench_writes_documented_schema(bench_run):
     assert results["methods"]["ar"]["tau"] == pytest.approx(1.0)
     assert results["methods"]["hf-lookup"]["kind"] == "peer"
     assert results["methods"]["dense"]["syncs_per_step"] == pytest.approx(1.0)  # the verdict read alone
+    dense = results["methods"]["dense"]
+    by_origin = dense["acceptance_by_origin"]
+    assert list(by_origin) == ["model"]  # dense's nodes all come from the model drafter
+    assert sum(by_origin["model"]["accepted"]) == round((dense["tau"] - 1) * dense["steps"])
+    assert sum(by_origin["model"]["verified"]) == dense["steps"] * dense["config"]["tree"]["budget"]
+    assert results["methods"]["ar"]["acceptance_by_origin"] == {} == results["methods"]["hf-lookup"]["acceptance_by_origin"]
     assert (out / "speedup.png").stat().st_size > 0 and (out / "tau.png").stat().st_size > 0
 
 

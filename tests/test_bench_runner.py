@@ -15,13 +15,15 @@ from treegraft_cli.bench.contenders import build_contender
 from treegraft_cli.bench.journal import Journal
 from treegraft_cli.bench.records import ContenderRecord, QuestionRecord, TurnRecord
 from treegraft_cli.bench.regression import check_against
+from treegraft_cli.bench.results import acceptance_by_origin
 from treegraft_cli.bench.runner import Bench
 from treegraft_cli.bench.stats import PerQuestion, bootstrap_interval, pooled_speedup
 from treegraft_cli.bench.suites import Question
 from treegraft_cli.cli import app
 from treegraft_cli.config import DecodeConfig, TreeConfig
-from treegraft_cli.engine import Generation
+from treegraft_cli.engine import Generation, StepStats
 from treegraft_cli.pipeline import Pipeline
+from treegraft_cli.tree import ORIGIN_ADJACENCY, ORIGIN_MODEL
 
 PAIR = "tiny-random@layers=2:tiny-random"
 QUESTIONS = [Question("x", i, "", (text,)) for i, text in
@@ -147,6 +149,22 @@ def test_default_methods_show_the_papers_methods_against_the_best_peer():
     assert "graft" not in alone and {"adjacency", "all-small", "ngram", "hf-lookup"} <= set(alone)
 
 
+def test_acceptance_by_origin_counts_verified_and_accepted_nodes_by_depth():
+    steps = [
+        # model nodes at depths 1, 2; an adjacency node at depth 1; the model path 1 -> 2 accepted
+        StepStats(3, 3, {}, 0.0, 0.0, 0.0, node_origins=(ORIGIN_MODEL, ORIGIN_MODEL, ORIGIN_ADJACENCY),
+                  node_depths=(1, 2, 1), accepted_nodes=(0, 1)),
+        # an adjacency node at depth 1 accepted, its child at depth 2 not
+        StepStats(2, 2, {}, 0.0, 0.0, 0.0, node_origins=(ORIGIN_ADJACENCY, ORIGIN_ADJACENCY), node_depths=(1, 2),
+                  accepted_nodes=(0,)),
+    ]
+    assert acceptance_by_origin(steps) == {
+        "model": {"verified": [1, 1], "accepted": [1, 1], "rate": [1.0, 1.0]},
+        "adjacency": {"verified": [2, 1], "accepted": [1, 0], "rate": [0.5, 0.0]},
+    }
+    assert acceptance_by_origin([StepStats(1, 0, {}, 0.0, 0.0, 0.0)]) == {}
+
+
 def test_interrupted_run_is_kept_partial_and_resumed(tmp_path, pipeline):
     configs = plan_configs(SMALL, ["graft"])
     plan = BenchPlan(tuple(configs), tuple(QUESTIONS), 0.0)
@@ -164,8 +182,7 @@ def test_interrupted_run_is_kept_partial_and_resumed(tmp_path, pipeline):
     first, restored = run.records[1].questions[0], resumed.records[1].questions[0]
     assert restored.resumed and restored.turns[0].generation.output_ids == first.turns[0].generation.output_ids
     assert restored.turns[0].check == first.turns[0].check
-    assert [s.accepted_length for s in restored.turns[0].generation.steps] == \
-        [s.accepted_length for s in first.turns[0].generation.steps]
+    assert restored.turns[0].generation.steps == first.turns[0].generation.steps  # every field, origins too
     other = Journal(tmp_path / "resume.jsonl", {"pair": "another"})
     assert other.stale and not other.runs
 

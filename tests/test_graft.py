@@ -263,3 +263,19 @@ def test_table_is_kept_across_requests_until_reset(tiny_self_pair):
     assert bool(decoder.method.table.written[first].all())  # rows of the first request survive the second
     decoder.method.reset_table()
     assert decoder.method.table.rows_written == 0
+
+
+def test_steps_record_which_drafter_proposed_each_verified_and_accepted_node(tiny_self_pair):
+    """Checkpoint 0 always fires keeping 2 draft nodes: the other slots are grafted, and each step's record
+    says so node by node; the accepted nodes are a root path (depths 1, 2, ...) of the verified ones."""
+    prompt, tree = random_prompt(seed=5), TreeConfig(budget=16, depth=4, top_k=4)
+    options = {"thresholds": [1.0, 0, 0], "draft_nodes": [2, 8, 16]}
+    result = speculative(tiny_self_pair, DecodeConfig(method="graft", tree=tree, max_new_tokens=24,
+                                                      method_options=options), prompt)
+    for step in result.steps:
+        assert len(step.node_origins) == len(step.node_depths) == step.nodes_verified
+        assert step.node_origins.count(ORIGIN_MODEL) <= 2
+        assert set(step.node_origins) <= {ORIGIN_MODEL, ORIGIN_ADJACENCY}
+        assert len(step.accepted_nodes) == step.accepted_length - 1
+        assert [step.node_depths[i] for i in step.accepted_nodes] == list(range(1, step.accepted_length))
+    assert any(ORIGIN_ADJACENCY in step.node_origins for step in result.steps)

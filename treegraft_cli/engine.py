@@ -34,6 +34,10 @@ class StepStats:
     drafter_forward_s: float = 0.0  # the part of draft_s spent inside drafter model forwards
     syncs: int = 0  # host-device synchronisations of the step outside model forwards (``HostReads``)
     audited_syncs: int | None = None  # the same counted by a running ``SyncAuditor``; None without one
+    # every verified node but the root, in tree order: which drafter proposed it (``tree.ORIGIN_*``), its depth
+    node_origins: tuple[int, ...] = ()
+    node_depths: tuple[int, ...] = ()
+    accepted_nodes: tuple[int, ...] = ()  # the accepted ones, as indices into node_origins / node_depths
 
     @property
     def host_overhead_s(self) -> float:
@@ -212,11 +216,13 @@ class SpeculativeDecoder:
         path = verdict.path[0]  # [n] root first, -1 after the deepest accepted node
         chain = torch.cat([tree.tokens[path[1:].clamp(min=0)], verdict.bonus])  # [n]
         chain.scatter_(0, verdict.num_accepted, verdict.bonus)  # the bonus right after the accepted tokens
-        packed, *host = fetch(torch.cat([verdict.num_accepted, chain, path]), *extras)
+        # the tree's depths and origins ride along for the acceptance statistics (no read of their own)
+        packed, *host = fetch(torch.cat([verdict.num_accepted, chain, path, tree.depths, tree.origins]), *extras)
         packed = host_value(packed)
         num_accepted = packed[0]
         new_tokens = packed[1 : num_accepted + 2]
         accepted = packed[n + 1 : n + num_accepted + 2]  # node indices, root first
+        node_depths, node_origins = packed[2 * n + 2 : 3 * n + 1], packed[3 * n + 2 :]
         self._commit(prefix, path, accepted)
         result.output_ids.extend(new_tokens)
         grown = torch.cat([committed, chain[: num_accepted + 1].to(committed.device)])
@@ -237,6 +243,9 @@ class SpeculativeDecoder:
             drafter_forward_s=drafter_forward_s,
             syncs=self.reads.count - reads_before,
             audited_syncs=None if audited_before is None else audited_after - audited_before,
+            node_origins=tuple(node_origins),
+            node_depths=tuple(node_depths),
+            accepted_nodes=tuple(i - 1 for i in accepted[1:]),
         )
         return stats, grown
 

@@ -33,6 +33,8 @@ from .suites import Question
 JOURNAL_NAME = "resume.jsonl"
 FORMAT = "treegraft.bench.resume/1"
 STEP_FIELDS = ("accepted_length", "nodes_verified", "draft_s", "verify_s", "host_s", "drafter_forward_s")
+# written since the acceptance statistics by origin; a journal without them reads back with the defaults
+OPTIONAL_STEP_FIELDS = ("syncs", "node_origins", "node_depths", "accepted_nodes")
 
 
 def config_dict(config: DecodeConfig) -> dict[str, Any]:
@@ -57,12 +59,16 @@ def _question_key(repeat: int, question: Question) -> tuple[int, str, str, str]:
 
 def turn_to_json(turn: TurnRecord) -> dict[str, Any]:
     g = turn.generation
-    steps: dict[str, Any] = {name: [getattr(s, name) for s in g.steps] for name in STEP_FIELDS}
+    steps: dict[str, Any] = {name: [getattr(s, name) for s in g.steps] for name in STEP_FIELDS + OPTIONAL_STEP_FIELDS}
     drafters = sorted({d for s in g.steps for d in s.drafter_calls})
     steps["drafter_calls"] = {d: [s.drafter_calls.get(d, 0) for s in g.steps] for d in drafters}
     check = dataclasses.asdict(turn.check)
     return {"text": turn.text, "output_ids": g.output_ids, "prompt_length": g.prompt_length,
             "prefill_s": g.prefill_s, "wall_s": g.wall_s, "steps": steps, "check": check}
+
+
+def _step_value(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
 
 
 def turn_from_json(data: Mapping[str, Any]) -> TurnRecord:
@@ -73,6 +79,7 @@ def turn_from_json(data: Mapping[str, Any]) -> TurnRecord:
         prompt_length=data["prompt_length"], output_ids=list(data["output_ids"]),
         prefill_s=data["prefill_s"], wall_s=data["wall_s"],
         steps=[StepStats(**{name: steps[name][i] for name in STEP_FIELDS},
+                         **{name: _step_value(steps[name][i]) for name in OPTIONAL_STEP_FIELDS if name in steps},
                          drafter_calls={d: calls[d][i] for d in calls if calls[d][i]}) for i in range(count)],
     )
     check = dict(data["check"])

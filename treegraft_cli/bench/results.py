@@ -33,6 +33,9 @@
         lossless        true | false | null (sampling)
         ties, mismatches, after_divergence   turn counts by verdict (see bench/lossless.py)
         acceptance_by_depth  [a_1, a_2, ...]: share of steps that accepted at least d draft tokens
+        acceptance_by_origin  {ORIGIN: {verified, accepted, rate}}: per drafter that proposed nodes (model, ngram,
+                        adjacency), lists by tree depth 1, 2, ...: its nodes verified, those accepted, and
+                        accepted / verified (null where none was verified); peers: {}
         drafter_calls_per_step  {drafter: calls / steps}
         syncs_per_step  host-device synchronisations per step outside model forwards (StepStats.syncs; peers: 0)
         time_split      {prefill_s, draft_s, verify_s, host_s} summed over turns, plus host_overhead_s
@@ -40,7 +43,7 @@
         peak_memory_mb  CUDA peak allocated (reset per question run, max kept); CPU: process peak RSS so far
         per_benchmark: {BENCHMARK: {speedup, speedup_ci, speedup_same_text, same_text_turns, turns, tau,
                                     tokens_per_s, new_tokens, wall_s, steps, lossless, ties, mismatches,
-                                    acceptance_by_depth}}
+                                    acceptance_by_depth, acceptance_by_origin}}
     }}
 """
 
@@ -49,7 +52,7 @@ from __future__ import annotations
 import os
 import platform
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -58,6 +61,7 @@ import transformers
 
 from .. import __version__
 from ..engine import StepStats
+from ..tree import ORIGIN_NAMES
 from .journal import config_dict
 from .lossless import AFTER_DIVERGENCE, MISMATCH, TIE
 from .machine import usable_cpus
@@ -86,6 +90,26 @@ def acceptance_by_depth(steps: Sequence[StepStats], depth: int) -> list[float]:
     return [sum(s.accepted_length > d for s in steps) / len(steps) for d in range(1, deepest + 1)]
 
 
+def acceptance_by_origin(steps: Sequence[StepStats]) -> dict[str, dict[str, list]]:
+    """Per drafter that proposed nodes: its verified and accepted nodes by depth (index d - 1 for depth d) and
+    their ratio, so a drafter's nodes that fill slots but are rarely accepted show at the depth they sit."""
+    verified: dict[int, Counter] = defaultdict(Counter)
+    accepted: dict[int, Counter] = defaultdict(Counter)
+    for step in steps:
+        for origin, depth in zip(step.node_origins, step.node_depths, strict=True):
+            verified[origin][depth] += 1
+        for node in step.accepted_nodes:
+            accepted[step.node_origins[node]][step.node_depths[node]] += 1
+    result = {}
+    for origin in sorted(verified):
+        depths = range(1, max(verified[origin]) + 1)
+        counts = [verified[origin][d] for d in depths]
+        hits = [accepted[origin][d] for d in depths]
+        result[ORIGIN_NAMES.get(origin, str(origin))] = {
+            "verified": counts, "accepted": hits, "rate": [h / c if c else None for h, c in zip(hits, counts, strict=True)]}
+    return result
+
+
 def _aggregate(turns: list[TurnRecord], depth: int, greedy: bool) -> dict[str, Any]:
     steps = _steps(turns)
     new_tokens = sum(t.generation.new_tokens for t in turns)
@@ -102,6 +126,7 @@ def _aggregate(turns: list[TurnRecord], depth: int, greedy: bool) -> dict[str, A
         "mismatches": statuses.count(MISMATCH),
         "after_divergence": statuses.count(AFTER_DIVERGENCE),
         "acceptance_by_depth": acceptance_by_depth(steps, depth),
+        "acceptance_by_origin": acceptance_by_origin(steps),
     }
 
 
