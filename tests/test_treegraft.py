@@ -553,3 +553,26 @@ def test_costs_are_measured_once_per_set_of_models(tiny_self_pair, monkeypatch):
         repetitive_prompt(1)
     )
     assert timed[-1] == (8, 2)  # another tree shape is timed anew
+
+
+def test_step_rule_verifies_only_nodes_whose_reach_pays_for_their_verification():
+    """R = 5/600 tokens per ms and 3.75 ms per verified node: a node must be expected to add 1/32 of a token."""
+    clock = FakeClock()
+    costs, flat = CostModel(300.0, 90.0, verify_root_ms=240.0), CostModel(300.0, 90.0)
+    tree = DraftTree.from_root(0)  # root → a (p 0.9) → b (0.3) → c (0.05); root → d (0.02)
+    tree.add_children(torch.tensor([0, 0]), torch.tensor([1, 4]), torch.tensor([math.log(0.9), math.log(0.02)]), ORIGIN_MODEL)
+    tree.add_children(torch.tensor([1]), torch.tensor([2]), torch.tensor([math.log(0.9 * 0.3)]), ORIGIN_MODEL)
+    tree.add_children(torch.tensor([3]), torch.tensor([3]), torch.tensor([math.log(0.9 * 0.3 * 0.05)]), ORIGIN_MODEL)
+    rule = StepRule(call_budget=5, hit_rate=0.8, short_layers=(), clock=clock)
+    assert rule.trim(tree, costs, 16) is tree  # R unmeasured: every node is verified
+    run_step(rule, clock, strong_chain(4), 5, 600.0)
+    assert rule.node_floor(costs, 16) == pytest.approx(5 / 600 * 3.75)
+    reach = rule.calibration.reach(tree)  # a 0.98, b 0.34, c 0.017, d 0.05
+    assert reach[4] < rule.node_floor(costs, 16) < reach[2]
+    trimmed = rule.trim(tree, costs, 16)
+    assert trimmed.tokens.tolist() == [0, 1, 4, 2]  # c dropped; its ancestors and d stay
+    assert trimmed.parents.tolist() == [-1, 0, 0, 1]
+    assert rule.trim(tree, flat, 16) is tree  # no per-node cost: nothing to save
+    keep_all = StepRule(call_budget=5, hit_rate=0.8, short_layers=(), clock=clock, trim=False)
+    run_step(keep_all, clock, strong_chain(4), 5, 600.0)
+    assert keep_all.trim(tree, costs, 16) is tree

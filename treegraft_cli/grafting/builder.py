@@ -2,7 +2,8 @@
 
 Per step: the tree starts at the root with the root as frontier. For ℓ = 1..D the policy (or a forced
 action, for ``collect``'s counterfactual rollouts) picks call or skip; the layer leaves a frontier of at
-most K nodes for the next one. At the end the tree is cut to N nodes by score, ancestors kept.
+most K nodes for the next one. At the end the tree is cut to N nodes by score, ancestors kept, and the
+policy may trim it further (``CallPolicy.trim``: the step rule drops nodes not worth their verification).
 
 Skip: every frontier parent not yet expanded by the weak drafter gets up to K n-gram continuations,
 whole chains (up to ``max_depth``). Only the chain heads of parents that found all K continuations
@@ -140,7 +141,7 @@ class LayerLoop:
             with host_only():
                 records.append(LayerRecord(layer, call, layer in forced, features(state) if record else None))
         with host_only():
-            tree = cut_to_budget(g.tree, self.shape.budget)
+            tree = policy.trim(cut_to_budget(g.tree, self.shape.budget), costs, self.shape.budget)
         return tree, records, g
 
     def strong_lag(self, committed: torch.Tensor) -> int:

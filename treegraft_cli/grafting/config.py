@@ -37,6 +37,8 @@ class TreeGraftConfig:
     - hit_rate: the rules' prior on the share of a position's probability mass the strong drafter's
       top-K children capture.
     - verify_ms / strong_ms: measured costs (0: measure at warm-up when the policy needs them).
+    - trim: the step rule verifies only the nodes whose calibrated reach pays for their share of the
+      verification (``StepRule.trim``); false: every node of the cut tree.
     - chain_length: tokens per chain of the ``ngram`` baseline.
     - scheduler: a distilled scheduler artifact (``treegraft distill``); with no ``policy`` given,
       ``treegraft`` then decides with it (policy ``learned``).
@@ -54,6 +56,7 @@ class TreeGraftConfig:
     hit_rate: float = 0.8
     verify_ms: float = 0.0
     strong_ms: float = 0.0
+    trim: bool = True
     chain_length: int = 10
     scheduler: str = ""
 

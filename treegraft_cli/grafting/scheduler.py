@@ -161,6 +161,10 @@ class CallPolicy(ABC):
     def observe(self, tree: DraftTree, accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """A verified step: ``accepted`` ``[a]`` root and accepted nodes, ``next_tokens`` ``[a]`` the target's token after each."""
 
+    def trim(self, tree: DraftTree, costs: CostModel, budget: int) -> DraftTree:
+        """The tree to verify, given the step's tree already cut to ``budget`` nodes: by default all of it."""
+        return tree
+
     def decide(self, state: SchedulerState) -> bool:
         if len(state.called) >= self.call_budget or not bool(state.candidates.any()):
             return False
@@ -300,7 +304,8 @@ def _learned(argument: str, options: TreeGraftConfig) -> CallPolicy:
 def _step(argument: str, options: TreeGraftConfig) -> CallPolicy:
     from .step_rule import StepRule  # here, not at the top: that module imports this one
 
-    return StepRule(options.call_budget, options.hit_rate, parse_layers(argument) if argument else options.layers)
+    layers = parse_layers(argument) if argument else options.layers
+    return StepRule(options.call_budget, options.hit_rate, layers, trim=options.trim)
 
 
 def _fixed(argument: str, options: TreeGraftConfig) -> CallPolicy:

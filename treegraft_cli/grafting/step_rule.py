@@ -32,6 +32,14 @@ ratio objectives). So the step takes the kind with the largest
   verified step (a new request when the bench resets state per question) R is the best modelled rate
   τ_kind / T_kind, so the first step takes the kind that promises the most tokens per ms.
 
+The same value decides which nodes a step verifies. On a CPU the verification grows with the tree (each
+node costs ``(verify_ms − verify_root_ms) / N``), so a node is worth verifying only if the tokens it is
+expected to add, its calibrated reach, exceed what its verification time would have earned at rate R:
+``trim`` drops every node with reach < R · ms_per_node (reach never grows down a path, so what remains is
+prefix-closed), and τ_weak and T_weak count only the previewed tokens above that floor. On a GPU, where a
+tree costs about what the root alone costs, the floor is ~0 and nothing is dropped. Before R is measured
+nothing is trimmed.
+
 A strong step whose first call catches the drafter up on more than ``max_lag`` committed tokens (the
 prompt, at a generation's first call) pays a one-off cost: its time is kept out of T and R, and its
 excess over its kind's T, per token caught up, is measured instead. The decision to pay it charges the
@@ -144,8 +152,10 @@ class StepRule(CallPolicy):
         strong_decay: float = 0.8,
         rate_decay: float = 0.95,
         clock: Callable[[], float] = time.perf_counter,  # seconds
+        trim: bool = True,
     ):
         super().__init__(call_budget)
+        self.trimming = trim
         self.layers = layers
         self.short_layers = short_layers
         self.hit_rate = hit_rate
@@ -232,12 +242,32 @@ class StepRule(CallPolicy):
         return max(0.0, weak.mean_ms(modelled) + modelled - costs.verify_at(mean_nodes, budget))
 
     def weak_estimate(self, state: SchedulerState) -> tuple[float, int]:
-        """(e, nodes): the previewed chains' calibrated expected accepted length and the nodes they add."""
+        """(e, nodes): the previewed chains' calibrated expected accepted length and the nodes they add, both
+        over the tokens a weak step would verify (those above ``node_floor``)."""
         if state.weak is None:
             return 1.0, 0
         reach = self.calibration.reach(state.tree)
         weak = state.weak.reach(reach, self.calibration.rate)
-        return expected_accepted(torch.cat([reach[1:], weak]), state.budget), min(weak.numel(), state.budget)
+        floor = self.node_floor(state.costs, state.budget)
+        candidates = torch.cat([reach[1:], weak])
+        verified = min(int((weak >= floor).sum()), state.budget)
+        return expected_accepted(candidates[candidates >= floor], state.budget), verified
+
+    def node_floor(self, costs: CostModel, budget: int) -> float:
+        """The reach below which a node costs more verification time than its tokens are worth at rate R
+        (0 while R is unmeasured, when trimming is off, or when the cost model has no per-node slope)."""
+        if not self.trimming or self.ms <= 0 or costs.verify_root_ms <= 0 or budget <= 0:
+            return 0.0
+        return self.rate * max(0.0, costs.verify_ms - costs.verify_root_ms) / budget
+
+    def trim(self, tree: DraftTree, costs: CostModel, budget: int) -> DraftTree:
+        floor = self.node_floor(costs, budget)
+        if floor <= 0 or tree.size == 0:
+            return tree
+        keep = self.calibration.reach(tree) >= floor  # [num_nodes]; prefix-closed: reach never grows down a path
+        keep[0] = True
+        count = int(keep.sum())
+        return tree if count == tree.num_nodes else tree.keep(keep, count)
 
     def strong_tau(self, kind: StepKind) -> float:
         """τ of a strong kind: measured, or the prior before its first step."""
