@@ -48,13 +48,10 @@ class AcceptanceCalibration:
 
     def reach(self, tree: DraftTree) -> torch.Tensor:  # -> [num_nodes] float32, 1 at the root
         """Calibrated probability that verification accepts each node (the product of rates to the root)."""
-        rates = self.rate(tree.origins, self.local_probability(tree))
-        reach = torch.ones(tree.num_nodes)
-        parents, depths = tree.parents.cpu(), tree.depths.cpu()
-        for depth in range(1, tree.max_depth + 1):
-            nodes = torch.nonzero(depths == depth).flatten()
-            reach[nodes] = reach[parents[nodes]] * rates[nodes]
-        return reach
+        log_rates = self.rate(tree.origins, self.local_probability(tree)).double().log()
+        log_rates[0] = 0.0  # the root is committed
+        # row i of the ancestor mask marks i and its ancestors: one product sums the logs along every root path
+        return torch.exp(tree.ancestor_mask().cpu().double() @ log_rates).float()
 
     def local_probability(self, tree: DraftTree) -> torch.Tensor:  # -> [num_nodes] float32, 1 at the root
         scores = monotone_scores(tree).cpu()

@@ -264,8 +264,8 @@ class StepRule(CallPolicy):
         floor = self.node_floor(costs, budget)
         if floor <= 0 or tree.size == 0:
             return tree
-        keep = self.calibration.reach(tree) >= floor  # [num_nodes]; prefix-closed: reach never grows down a path
-        keep[0] = True
+        # reach never grows down a path, so this is prefix-closed up to rounding; the closure makes it exact
+        keep = tree.close_over_ancestors(self.calibration.reach(tree) >= floor)  # [num_nodes]
         count = int(keep.sum())
         return tree if count == tree.num_nodes else tree.keep(keep, count)
 
