@@ -280,6 +280,7 @@ def test_verify_cost_grows_with_the_tree_when_the_root_alone_was_timed():
     flat, growing = CostModel(300.0, 90.0), CostModel(300.0, 90.0, verify_root_ms=200.0)
     assert flat.verify_at(0, 16) == flat.verify_at(16, 16) == 300.0
     assert [growing.verify_at(n, 16) for n in (0, 8, 16, 40)] == [200.0, 250.0, 300.0, 300.0]
+    assert flat.node_ms(16) == 0.0 and growing.node_ms(16) == pytest.approx(6.25)  # verify_at's slope
 
 
 def test_hit_rate_follows_how_often_strong_children_hold_the_next_token():

@@ -33,7 +33,7 @@ from .suites import Question
 JOURNAL_NAME = "resume.jsonl"
 FORMAT = "treegraft.bench.resume/1"
 STEP_FIELDS = ("accepted_length", "nodes_verified", "draft_s", "verify_s", "host_s", "drafter_forward_s")
-# written since the acceptance statistics by origin; a journal without them reads back with the defaults
+# step fields an older journal may lack: they read back with StepStats' defaults
 OPTIONAL_STEP_FIELDS = ("syncs", "node_origins", "node_depths", "accepted_nodes")
 
 

@@ -62,6 +62,12 @@ class CostModel:
             return self.verify_ms
         return self.verify_root_ms + (self.verify_ms - self.verify_root_ms) * min(nodes, budget) / budget
 
+    def node_ms(self, budget: int) -> float:
+        """Modelled ms one more node adds to a verification (``verify_at``'s slope; 0 when the model is flat)."""
+        if self.verify_root_ms <= 0 or budget <= 0:
+            return 0.0
+        return max(0.0, self.verify_ms - self.verify_root_ms) / budget
+
     @property
     def log_ratio(self) -> float:
         """log(verify / strong); 0 when either is unknown."""

@@ -33,7 +33,7 @@ ratio objectives). So the step takes the kind with the largest
   τ_kind / T_kind, so the first step takes the kind that promises the most tokens per ms.
 
 The same value decides which nodes a step verifies. On a CPU the verification grows with the tree (each
-node costs ``(verify_ms − verify_root_ms) / N``), so a node is worth verifying only if the tokens it is
+node costs ``CostModel.node_ms``: (verify_ms − verify_root_ms) / N), so a node is worth verifying only if the tokens it is
 expected to add, its calibrated reach, exceed what its verification time would have earned at rate R:
 ``trim`` drops every node with reach < R · ms_per_node (reach never grows down a path, so what remains is
 prefix-closed), and τ_weak and T_weak count only the previewed tokens above that floor. On a GPU, where a
@@ -256,9 +256,9 @@ class StepRule(CallPolicy):
     def node_floor(self, costs: CostModel, budget: int) -> float:
         """The reach below which a node costs more verification time than its tokens are worth at rate R
         (0 while R is unmeasured, when trimming is off, or when the cost model has no per-node slope)."""
-        if not self.trimming or self.ms <= 0 or costs.verify_root_ms <= 0 or budget <= 0:
+        if not self.trimming or self.ms <= 0:
             return 0.0
-        return self.rate * max(0.0, costs.verify_ms - costs.verify_root_ms) / budget
+        return self.rate * costs.node_ms(budget)
 
     def trim(self, tree: DraftTree, costs: CostModel, budget: int) -> DraftTree:
         floor = self.node_floor(costs, budget)
