@@ -129,20 +129,21 @@ def bound(law: dict[tuple[int, ...], float], draws: int) -> float:
     return float(torch.quantile(distances, LEVEL))
 
 
-def learned_artifact(directory) -> str:
+def learned_artifact(directory, early: bool = True) -> str:
     """A scheduler artifact in distill's format, weights set by hand: margin = relu(0.5 − layer_fraction) − 0.01,
-    so the learned policy calls in the first half of the tree's layers and skips after."""
+    so the learned policy calls in the first half of the tree's layers and skips after (``early=False``: margin =
+    relu(layer_fraction − 0.5) − 0.01, skips in the first half and calls after)."""
     layer = FEATURE_NAMES.index("layer_fraction")
     mlp = build_mlp()
     with torch.no_grad():
         first, second, last = (m for m in mlp if isinstance(m, torch.nn.Linear))
         for parameter in mlp.parameters():
             parameter.zero_()
-        first.weight[0, layer], first.bias[0] = -1.0, 0.5
+        first.weight[0, layer], first.bias[0] = (-1.0, 0.5) if early else (1.0, -0.5)
         second.weight[0, 0] = 1.0
         last.weight[0, 0], last.bias[0] = 1.0, -0.01
     scale = torch.zeros(len(FEATURE_NAMES)).index_fill_(0, torch.tensor([layer]), 1.0)
-    path = directory / "scheduler.json"
+    path = directory / ("scheduler.json" if early else "late_scheduler.json")
     DistilledScheduler(mlp, Normaliser(torch.zeros(len(FEATURE_NAMES)), scale, 0.0, 1.0)).save(path)
     return str(path)
 

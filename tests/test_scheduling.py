@@ -6,10 +6,12 @@ import dataclasses
 import json
 import math
 
+import datasets
 import pytest
 import torch
 import yaml
 from conftest import reference_greedy
+from test_sampling_methods import learned_artifact
 from typer.testing import CliRunner
 
 from treegraft_cli.cli import app
@@ -20,6 +22,7 @@ from treegraft_cli.methods import Prefill
 from treegraft_cli.pipeline import Pipeline
 from treegraft_cli.scheduling.artifact import load_scheduler
 from treegraft_cli.scheduling.cost_profile import CostProfile, load_cost_profile, save_cost_profile
+from treegraft_cli.scheduling.replay import price
 from treegraft_cli.scheduling.rollouts import CollectSettings, probing_decoder
 from treegraft_cli.scheduling.shards import read_rollouts
 from treegraft_cli.tree import ORIGIN_MODEL, DraftTree
@@ -134,8 +137,14 @@ def test_collect_writes_labelled_shards(rollouts):
     row = table[0]
     assert len(row["features"]) == 17 and 1 <= row["layer"] <= 3
     assert row["margin"] == pytest.approx(row["value_call"] - row["value_skip"])
-    assert row["value_call"] == pytest.approx(1000 * row["tau_call"] / row["ms_call"])
+    assert row["value_call"] == pytest.approx(row["tau_call"] - row["rate"] * row["ms_call"], rel=1e-5)
     assert row["calls_call"] >= 1 and all(v > 0 for v in table["ms_skip"])
+    # R: the generation's real tokens over its real modelled time, each probed step once
+    generation = [r for r in table if r["key"] == row["key"] and r["turn"] == row["turn"]]
+    steps = {r["step"]: r for r in generation}
+    rate = sum(r["tau_real"] for r in steps.values()) / sum(r["ms_real"] for r in steps.values())
+    assert all(r["rate"] == pytest.approx(rate, rel=1e-5) for r in generation)
+    assert all(r["tau_real"] >= 1 and r["nodes_real"] >= 0 for r in generation)
 
 
 def test_distill_artifact_loads_and_decides(rollouts, cost_file, tmp_path, tiny_self_pair):
@@ -195,3 +204,56 @@ def test_collect_refuses_other_settings_and_bad_artifacts(rollouts, tmp_path):
     bad.write_text("{\"kind\": \"something\"}")
     with pytest.raises(ConfigError, match="not a treegraft scheduler"):
         load_scheduler(bad)
+
+
+def test_values_by_hand_on_a_hand_built_rollout():
+    """V = τ − R·T with R = Σ τ_real / Σ T_real over each generation's distinct steps, under any profile."""
+    profile = CostProfile(pair="p", device="cpu", dtype="fp32", tree_tokens=(1, 11), contexts=(10, 100),
+                          target_ms=((10.0, 20.0), (10.0, 20.0)), drafter_ms=((3.0, 3.0), (3.0, 3.0)), host_ms={"ngram": 1.0})
+    # verify ms = 10 + (tree tokens − 1); a strong call 3 ms; a weak layer 1 ms (context does not matter here)
+    rows = {
+        "key": ["a", "a", "a", "b"], "turn": [0, 0, 0, 0], "step": [0, 0, 1, 0], "layer": [1, 2, 1, 1],
+        "context_length": [20, 20, 23, 30], "real_call": [True, False, False, True], "features": [[0.0] * 17] * 4,
+        "tau_call": [3, 2, 1, 4], "nodes_call": [4, 4, 2, 6], "calls_call": [1, 1, 1, 2], "weak_call": [1, 1, 1, 0],
+        "tau_skip": [1, 2, 2, 1], "nodes_skip": [2, 4, 3, 0], "calls_skip": [0, 1, 0, 1], "weak_skip": [2, 1, 2, 1],
+        "tau_real": [3, 3, 2, 4], "nodes_real": [4, 4, 3, 6], "calls_real": [1, 1, 0, 2], "weak_real": [1, 1, 2, 0],
+    }
+    priced = price(datasets.Dataset.from_dict(rows), profile, {"top_k": 2, "budget": 10})
+    # generation a: step 0 real = 3 tokens in 10+4 + 3 + 1 = 18 ms, step 1 real = 2 tokens in 10+3 + 0 + 2 = 15 ms
+    # generation b: 4 tokens in 10+6 + 6 + 0 = 22 ms
+    rate_a, rate_b = 5 / 33, 4 / 22
+    assert priced.rate.tolist() == pytest.approx([rate_a, rate_a, rate_a, rate_b])
+    ms_call, ms_skip = [18.0, 18.0, 16.0, 22.0], [14.0, 18.0, 15.0, 14.0]
+    assert priced.ms_call.tolist() == pytest.approx(ms_call) and priced.ms_skip.tolist() == pytest.approx(ms_skip)
+    rates = [rate_a, rate_a, rate_a, rate_b]
+    expected = [(tc - r * mc) - (ts - r * ms) for tc, ts, mc, ms, r in
+                zip(rows["tau_call"], rows["tau_skip"], ms_call, ms_skip, rates, strict=True)]
+    assert (priced.value_call - priced.value_skip).tolist() == pytest.approx(expected, rel=1e-5)
+    # without the real outcome (older rollouts) the value is the one-step rate, tokens per modelled second
+    old = {k: v for k, v in rows.items() if not k.endswith("_real")}
+    legacy = price(datasets.Dataset.from_dict(old), profile, {"top_k": 2, "budget": 10})
+    assert legacy.rate is None and legacy.value_call.tolist() == pytest.approx([1000 * t / m for t, m in zip(rows["tau_call"], ms_call, strict=True)])
+
+
+def test_on_policy_collection_uses_the_given_scheduler_and_distills_per_iteration(rollouts, cost_file, tmp_path):
+    """collect --policy learned:FILE decodes and continues with that scheduler; distill over both iterations
+    reports the held-out regret of each."""
+    first_dir, args, _ = rollouts
+    late = learned_artifact(tmp_path, early=False)  # skips in the first half of the layers, calls after
+    out = tmp_path / "iteration1"
+    changed = [str(out) if a == str(first_dir) else a for a in args] + ["--policy", f"learned:{late}"]
+    assert invoke(changed)["rows"] > 0
+    settings, table = read_rollouts(out)
+    assert settings["method_options"]["policy"] == f"learned:{late}" and settings["continuation"] == "policy"
+    first_layer = [r for r in table if r["layer"] == 1]
+    assert first_layer and not any(r["real_call"] for r in first_layer)  # the scheduler skips layer 1 (1/3 < 1/2)
+    # the rest of the step is the scheduler's: after a skip at layer 1 it calls where it can (layers 2 and 3)
+    assert any(r["calls_skip"] >= 1 for r in first_layer)
+    assert all(r["calls_skip"] == r["calls_real"] for r in first_layer)  # skipping layer 1 is what it really did
+    line = invoke(["distill", "--rollouts", str(first_dir), "--rollouts", str(out), "--out", str(tmp_path / "s2.json"),
+                   "--epochs", "20"])
+    iterations = line["held_out_by_iteration"]
+    assert [it["rollouts"] for it in iterations] == [str(first_dir), str(out)]
+    assert all(it["policies"]["mlp"]["regret"] >= 0 and it["rows"] > 0 for it in iterations)
+    assert sum(it["rows"] for it in iterations) == line["held_out"]["rows"]
+    assert line["value"].startswith("tau - R*T")

@@ -17,7 +17,7 @@ from ..methods import METHODS, check_method
 from ..pipeline import Pipeline
 from ..scheduling.cost_profile import CostProfile, load_cost_profile, profile_from_document
 from ..scheduling.profiler import ProfileSettings, measure_profile
-from ..scheduling.rollouts import CollectSettings, parse_shard
+from ..scheduling.rollouts import POLICY_ITSELF, CollectSettings, parse_shard
 from ..scheduling.rollouts import collect as run_collect
 from ..scheduling.shards import FORMATS, SETTINGS_FILE, read_settings
 from . import console
@@ -39,7 +39,7 @@ def collect(
     cost: Annotated[Path | None, typer.Option("--cost", help="Cost profile from `treegraft profile` (default: a quick one measured now).")] = None,
     shard: Annotated[str, typer.Option("--shard", help="i/n: this worker takes every n-th prompt from the i-th (0-based).")] = "0/1",
     policy: Annotated[str, typer.Option("--policy", help="The real policy that drives decoding.")] = "cost-aware",
-    continuation: Annotated[str, typer.Option("--continuation", help="Fixed policy after the probed layer.")] = "all-small",
+    continuation: Annotated[str, typer.Option("--continuation", help="Policy after the probed layer: 'policy' (the real one, on-policy labels) or a fixed one such as all-small.")] = POLICY_ITSELF,
     every: Annotated[int, typer.Option("--every", help="Probe every k-th step.")] = 1,
     fmt: Annotated[str, typer.Option("--format", help=f"Shard format: {' | '.join(FORMATS)}.")] = "parquet",
     dtype: Annotated[str | None, typer.Option("--dtype", help="bf16 | fp16 | fp32.")] = None,
@@ -59,7 +59,8 @@ def collect(
     method_options = {**run.method_options.get("treegraft", {}), **parse_options(options or ()), "policy": policy}
     config = dataclasses.replace(run.config, method="treegraft", method_options=method_options)
     check_method(config, has_drafter(run.pair))  # a typo in --policy or -o fails before any model loads
-    make_policy(continuation, METHODS["treegraft"].parse_options(method_options))
+    if continuation != POLICY_ITSELF:
+        make_policy(continuation, METHODS["treegraft"].parse_options(method_options))
     settings = CollectSettings(run.pair, run.dtype, config, continuation, every, fmt)
     questions = suite_questions(suite, prompts or (), num_prompts, first_prompt)
     ensure_writable_dir(out)

@@ -10,16 +10,16 @@ import typer
 from ..atomic import ensure_writable_dir
 from ..scheduling.artifact import load_scheduler
 from ..scheduling.cost_profile import load_cost_profile, profile_from_document
-from ..scheduling.distill import DistillSettings
+from ..scheduling.distill import VALUE_RATE, DistillSettings
 from ..scheduling.distill import distill as run_distill
 from ..scheduling.replay import FIXED_POLICIES
 from ..scheduling.replay import replay as run_replay
-from ..scheduling.shards import read_rollouts
+from ..scheduling.shards import read_iterations, read_rollouts
 from . import console
 
 
 def distill(
-    rollouts: Annotated[Path, typer.Option("--rollouts", help="Rollout directory from `treegraft collect`.")],
+    rollouts: Annotated[list[Path], typer.Option("--rollouts", help="Rollout directory from `treegraft collect`; repeat it for the iterations of on-policy collection.")],
     out: Annotated[Path, typer.Option("--out", help="Scheduler artifact (JSON) to write.")],
     holdout: Annotated[float, typer.Option("--holdout", help="Share of prompts held out for testing.")] = 0.2,
     epochs: Annotated[int, typer.Option("--epochs", help="Full-batch Adam epochs.")] = 400,
@@ -30,21 +30,29 @@ def distill(
     if not 0 < holdout < 1 or epochs < 1:
         raise typer.BadParameter("--holdout in (0, 1) and --epochs >= 1")
     ensure_writable_dir(out.parent)
-    settings_doc, table = read_rollouts(rollouts)
-    costs = profile_from_document(settings_doc["cost_profile"], f"{rollouts}/collect.json")
+    settings_doc, tables = read_iterations(rollouts)
+    first = rollouts[0]
+    costs = profile_from_document(settings_doc["cost_profile"], f"{first}/collect.json")
     extra = [load_cost_profile(path) for path in cost or ()]
     identity = {"identity": costs.identity, "device": costs.device, "dtype": costs.dtype, "pair": costs.pair,
                 "also_priced_under": [p.identity for p in extra]}
     settings = DistillSettings(holdout=holdout, epochs=epochs, seed=seed)
-    scheduler = run_distill(table, settings_doc["tree"], [costs, *extra], settings, identity)
+    scheduler = run_distill(tables, settings_doc["tree"], [costs, *extra], settings, identity, [str(r) for r in rollouts])
     scheduler.save(out)
-    held = scheduler.report["held_out"]
+    report = scheduler.report
+    held = report["held_out"]
+    unit = "tokens" if report["value"] == VALUE_RATE else "tok/s"
     console.table(f"held-out decisions: {held['rows']} rows from {held['prompts']} prompts, sign accuracy {held['sign_accuracy']:.3f} "
-                  f"(commoner sign: {held['majority_sign_accuracy']:.3f})",
-                  ["policy", "mean value (tok/s)", "regret (tok/s)", "call rate"],
+                  f"(commoner sign: {held['majority_sign_accuracy']:.3f}); value {report['value']}",
+                  ["policy", f"mean value ({unit})", f"regret ({unit})", "call rate"],
                   [(name, p["value"], p["regret"], p["call_rate"]) for name, p in held["policies"].items()])
+    if len(rollouts) > 1:
+        console.table("held-out regret per iteration", ["rollouts", "rows", f"mlp regret ({unit})", "mlp call rate", "oracle call rate"],
+                      [(it["rollouts"], it["rows"], it["policies"]["mlp"]["regret"], it["policies"]["mlp"]["call_rate"],
+                        it["oracle_call_rate"]) for it in report["held_out_by_iteration"]])
     console.json_line({"scheduler": str(out), "cost_profile": costs.identity, "held_out": held,
-                       "train_sign_accuracy": scheduler.report["train"]["sign_accuracy"]})
+                       "held_out_by_iteration": report["held_out_by_iteration"], "value": report["value"],
+                       "train_sign_accuracy": report["train"]["sign_accuracy"]})
 
 
 def replay(

@@ -6,7 +6,12 @@ Split: whole prompts are held out (``holdout`` of them, at least one, seeded), s
 prompt is seen in training; with a single prompt, rows are split instead. Training: full-batch Adam on
 the mean squared error of standardised margins, seeded inside a forked RNG (the global RNG is untouched).
 
-Metrics on the held-out rows (one row = one layer decision with the fixed continuation, see rollouts):
+Several rollout directories (``--rollouts A --rollouts B``: the iterations of on-policy collection, each
+collected with the scheduler distilled from the ones before) are fitted as one set; the held-out metrics
+are also reported per directory, so a DAgger-style loop shows its regret per iteration.
+
+Values: V = τ − R·T (tokens, see rollouts), or τ/T for rollouts without the real step's outcome.
+Metrics on the held-out rows (one row = one layer decision with the continuation, see rollouts):
 sign accuracy (rows with a non-zero margin; next to it the accuracy of always guessing the commoner
 sign, the bar to beat on imbalanced rollouts), and per policy the mean value it picks and its regret
 = mean(max(V_call, V_skip) − V_chosen) for: the MLP (call iff predicted margin > 0), the oracle
@@ -27,6 +32,7 @@ from .artifact import HIDDEN, DistilledScheduler, Normaliser, build_mlp
 from .cost_profile import CostProfile
 from .replay import price
 from .shards import table_columns
+from .values import REAL_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,7 @@ class Decisions:
     value_call: torch.Tensor  # [n]
     value_skip: torch.Tensor  # [n]
     groups: list[str]  # [n] prompt key of each row
+    sources: torch.Tensor | None = None  # [n] long: which rollout directory (iteration) each row comes from
 
     @property
     def margins(self) -> torch.Tensor:
@@ -53,22 +60,38 @@ class Decisions:
 
     def subset(self, mask: torch.Tensor) -> Decisions:
         keep = mask.nonzero().flatten().tolist()
-        return Decisions(self.features[mask], self.value_call[mask], self.value_skip[mask], [self.groups[i] for i in keep])
+        sources = self.sources[mask] if self.sources is not None else None
+        return Decisions(self.features[mask], self.value_call[mask], self.value_skip[mask], [self.groups[i] for i in keep],
+                         sources)
 
 
-def decisions_from_rows(table, tree: dict, profiles: Sequence[CostProfile]) -> Decisions:
+def decisions_from_rows(table, tree: dict, profiles: Sequence[CostProfile], source: int = 0) -> Decisions:
     """The rows priced under each profile (the collection's first): one decision per row and profile.
 
     Under the collection's profile this reproduces the stored values; every further profile re-prices the
-    same outcomes and sets the cost features to its own, so the MLP sees how costs move the margin.
+    same outcomes (and the running rate) and sets the cost features to its own, so the MLP sees how costs
+    move the margin.
     """
     keys = [str(k) for k in table_columns(table)["key"]]
     parts = [price(table, profile, tree) for profile in profiles]
+    n = len(keys) * len(parts)
     return Decisions(
         torch.cat([p.features for p in parts]),
-        torch.cat([1000.0 * p.tau_call / p.ms_call for p in parts]),
-        torch.cat([1000.0 * p.tau_skip / p.ms_skip for p in parts]),
+        torch.cat([p.value_call for p in parts]),
+        torch.cat([p.value_skip for p in parts]),
         keys * len(parts),
+        torch.full((n,), source, dtype=torch.long),
+    )
+
+
+def union(parts: Sequence[Decisions]) -> Decisions:
+    """The decisions of several rollout directories (the iterations of on-policy collection) as one set."""
+    return Decisions(
+        torch.cat([p.features for p in parts]),
+        torch.cat([p.value_call for p in parts]),
+        torch.cat([p.value_skip for p in parts]),
+        [g for p in parts for g in p.groups],
+        torch.cat([p.sources for p in parts]),
     )
 
 
@@ -128,14 +151,34 @@ def evaluate(scheduler: DistilledScheduler, decisions: Decisions) -> dict[str, A
 
 
 def distill(
-    table, tree: dict, profiles: Sequence[CostProfile], settings: DistillSettings, cost_profile: dict[str, Any]
+    tables: Sequence, tree: dict, profiles: Sequence[CostProfile], settings: DistillSettings, cost_profile: dict[str, Any],
+    sources: Sequence[str] = (),
 ) -> DistilledScheduler:
-    """Fit on the training split, evaluate on both splits; the report travels inside the artifact."""
-    decisions = decisions_from_rows(table, tree, profiles)
+    """Fit on the training split of every table (one per iteration, ``sources`` their names), evaluate on both
+    splits and on each iteration's held-out rows; the report travels inside the artifact.
+
+    Prompts are held out across iterations: a prompt collected again under a later policy stays on its side.
+    """
+    if len({_has_rate([table]) for table in tables}) > 1:
+        raise ConfigError("some rollout directories lack the real step's outcome (collected by an older treegraft)",
+                          "collect them again, or distill them apart")
+    decisions = union([decisions_from_rows(table, tree, profiles, i) for i, table in enumerate(tables)])
     train_mask, test_mask = split(decisions, settings.holdout, settings.seed)
     train, test = decisions.subset(train_mask), decisions.subset(test_mask)
     mlp, normaliser = fit(train, settings)
     scheduler = DistilledScheduler(mlp, normaliser, cost_profile)
+    names = list(sources) or [str(i) for i in range(len(tables))]
+    by_iteration = [{"rollouts": name, **evaluate(scheduler, test.subset(test.sources == i))}
+                    for i, name in enumerate(names) if bool((test.sources == i).any())]
     scheduler.report = {"train": evaluate(scheduler, train), "held_out": evaluate(scheduler, test),
+                        "held_out_by_iteration": by_iteration, "value": VALUE_RATE if _has_rate(tables) else VALUE_RATIO,
                         "settings": {"holdout": settings.holdout, "epochs": settings.epochs, "seed": settings.seed}}
     return scheduler
+
+
+VALUE_RATE = "tau - R*T (tokens)"  # see rollouts: the value decoding maximises
+VALUE_RATIO = "1000*tau/T (tokens per modelled second; rollouts without the real step's outcome)"
+
+
+def _has_rate(tables: Sequence) -> bool:
+    return all(all(name in table.column_names for name in REAL_COLUMNS) for table in tables)

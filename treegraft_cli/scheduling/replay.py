@@ -7,7 +7,7 @@ action per row; its estimated speedup over autoregressive decoding is
 
     Σ τ_chosen · ar_ms(context) / Σ T_chosen
 
-Policies: ``always-call``, ``never-call``, ``oracle`` (the better action under P), ``collected`` (what the
+Policies: ``always-call``, ``never-call``, ``oracle`` (the action of larger value under P, ``values``), ``collected`` (what the
 real policy did), ``fixed:1,3`` (call at those layers) and ``learned`` (a distilled scheduler, whose cost
 features are replaced by P's so it sees the hardware it is replayed on). It is a decision-level estimate:
 each row changes one layer's action with the collection's continuation after it, not a whole policy run.
@@ -27,6 +27,7 @@ from ..methods.treegraft import COST_CONTEXT
 from .artifact import DistilledScheduler
 from .cost_profile import CostProfile
 from .shards import table_columns
+from .values import REAL_COLUMNS, decision_values, running_rates
 
 FIXED_POLICIES = ("always-call", "never-call", "oracle", "collected")
 
@@ -56,9 +57,19 @@ class Priced:
     layers: torch.Tensor
     real_call: torch.Tensor
     features: torch.Tensor  # [n, 17] with the cost features of the profile
+    rate: torch.Tensor | None = None  # [n] the collecting policy's running rate R (tokens per ms); None: old rollouts
+
+    @property
+    def value_call(self) -> torch.Tensor:  # [n]
+        return decision_values(self.tau_call, self.ms_call, self.rate)
+
+    @property
+    def value_skip(self) -> torch.Tensor:  # [n]
+        return decision_values(self.tau_skip, self.ms_skip, self.rate)
 
 
 def price(table, profile: CostProfile, tree: dict) -> Priced:
+    """Every row's outcomes re-priced under ``profile``: times, the running rate and the cost features."""
     table = table_columns(table)
     width, budget = int(tree["top_k"]), int(tree["budget"])
     contexts = [int(c) for c in table["context_length"]]
@@ -67,6 +78,10 @@ def price(table, profile: CostProfile, tree: dict) -> Priced:
         nodes, calls, weak = table[f"nodes_{action}"], table[f"calls_{action}"], table[f"weak_{action}"]
         return torch.tensor([profile.step_ms(n + 1, c, w, width, ctx) for n, c, w, ctx in zip(nodes, calls, weak, contexts, strict=True)])
 
+    rate = None
+    if all(name in table for name in REAL_COLUMNS):
+        generations = list(zip(table["key"], table["turn"], strict=True))
+        rate = running_rates(generations, table["step"], torch.tensor(table["tau_real"], dtype=torch.float32), ms("real"))
     features = torch.tensor(table["features"], dtype=torch.float32)
     costs = profile.cost_model(budget, width, COST_CONTEXT)  # the scheduler's cost features under this profile
     features[:, 1:4] = torch.tensor([costs.verify_ms, costs.strong_ms, costs.log_ratio])
@@ -79,12 +94,13 @@ def price(table, profile: CostProfile, tree: dict) -> Priced:
         layers=torch.tensor(table["layer"]),
         real_call=torch.tensor(table["real_call"], dtype=torch.bool),
         features=features,
+        rate=rate,
     )
 
 
 def choose(policy: str, priced: Priced, scheduler: DistilledScheduler | None) -> torch.Tensor:
     """[n] bool: where ``policy`` calls."""
-    value_call, value_skip = priced.tau_call / priced.ms_call, priced.tau_skip / priced.ms_skip
+    value_call, value_skip = priced.value_call, priced.value_skip
     name, _, argument = policy.partition(":")
     if name == "always-call":
         return torch.ones_like(priced.real_call)

@@ -1,17 +1,29 @@
 """`treegraft collect`: the offline value system that labels the TreeGraft scheduler's decisions.
 
 Value system (ours; the papers do not publish theirs). Decoding runs the ``treegraft`` method with its
-real policy. At every ``every``-th step the step's tree is first built with the real policy, recording
-the real action a_b and the 17 features at each layer b. Then for each layer ℓ = 1..D and each action
-x ∈ {call, skip}, the layer loop is run again with forced actions {b: a_b for b < ℓ} ∪ {ℓ: x} and the
-fixed *continuation* policy (default ``all-small``) for the layers after ℓ. Each resulting tree is
-verified against the target on a scratch extension of its KV cache (cropped back right after: the
-committed state is never touched) and walked greedily, giving τ_x = accepted tokens + the bonus.
+real policy π (``--policy``: a rule, or ``learned:FILE`` for on-policy iterations). At every ``every``-th
+step the step's tree is first built with π, recording the real action a_b and the 17 features at each
+layer b. Then for each layer ℓ = 1..D and each action x ∈ {call, skip}, the layer loop is run again with
+forced actions {b: a_b for b < ℓ} ∪ {ℓ: x} and the *continuation* policy for the layers after ℓ
+(default ``policy``: π itself, so a decision is judged by the rest of the step under the policy being
+learned; a fixed policy such as ``all-small`` may be named instead). Each resulting tree is verified
+against the target on a scratch extension of its KV cache (cropped back right after: the committed state
+is never touched) and walked greedily, giving τ_x = accepted tokens + the bonus. The real step's own
+outcome (its τ, nodes, calls and weak layers) is kept with the step's rows.
 
     modelled time  T_x = verify_ms(tree nodes + root, context) + calls_x · strong_ms(2·K, context)
                          + weak_layers_x · ngram_ms                      (all from the cost profile)
-    value          V_x = 1000 · τ_x / T_x                                (tokens per modelled second)
-    label          margin = V_call − V_skip
+    running rate   R   = Σ τ_real / Σ T_real over the generation's probed steps, under π
+    value          V_x = τ_x − R · T_x                                   (tokens)
+    label          margin = V_call − V_skip = (τ_call − τ_skip) − R · (T_call − T_skip)
+
+Why this value: decoding maximises accepted tokens per second over the whole generation, Σ τ / Σ T, not
+the rate of one step. An action changes the ratio for the better iff it adds more tokens than its extra
+time would have earned at the rate the policy achieves (Dinkelbach's parametric form of a ratio
+objective; a policy that takes the larger V at every decision has no improving deviation at its own
+rate R). A one-step ratio τ/T instead favours small cheap trees even where the policy's rate makes a
+larger tree worth its time. ``distill`` and ``replay`` price T and R under any cost profile from the
+stored counts, so the same rollouts label decisions for other hardware.
 
 The scheduler's cost features are the profile's costs after ``COST_CONTEXT`` tokens, what the method's
 warm-up measures at run time; the labels' modelled times use the real context length.
@@ -51,6 +63,7 @@ from .shards import (
     shard_state,
     write_shard,
 )
+from .values import decision_values, running_rates
 
 Progress = Callable[[str, int, int], None]
 
@@ -62,7 +75,7 @@ class CollectSettings:
     pair: str
     dtype: str
     config: DecodeConfig  # method treegraft (its policy in method_options), greedy
-    continuation: str = "all-small"
+    continuation: str = "policy"  # POLICY_ITSELF or a policy spec
     every: int = 1  # probe every ``every``-th step
     fmt: str = "parquet"
 
@@ -81,12 +94,20 @@ class CollectSettings:
         }
 
 
+POLICY_ITSELF = "policy"  # the continuation after a probed layer is the real policy
+
+
 @dataclass(frozen=True)
 class Outcome:
     tau: int  # accepted draft tokens + the bonus
     nodes: int  # non-root nodes verified
     calls: int  # strong drafter calls
     weak: int  # weak n-gram layers
+
+    def columns(self, action: str) -> dict[str, int]:
+        """The outcome as rollout columns named after ``action`` (``call``, ``skip`` or ``real``)."""
+        return {f"tau_{action}": self.tau, f"nodes_{action}": self.nodes, f"calls_{action}": self.calls,
+                f"weak_{action}": self.weak}
 
 
 class ProbingMethod(Method):
@@ -95,13 +116,22 @@ class ProbingMethod(Method):
     name = "treegraft-probe"
     options_class = TreeGraftMethod.options_class  # it decodes with the wrapped method's settings
 
-    def __init__(self, inner: TreeGraftMethod, target, backend, costs: CostProfile, continuation: CallPolicy, every: int):
+    def __init__(self, inner: TreeGraftMethod, target, backend, costs: CostProfile, continuation: CallPolicy | None,
+                 every: int):
         super().__init__(inner.models, inner.config)
         self.inner, self.target, self.backend = inner, target, backend
-        self.costs, self.continuation, self.every = costs, continuation, every
+        self.costs, self.every = costs, every
+        self.fixed_continuation = continuation  # None: the real policy continues (``POLICY_ITSELF``)
         self.rows: list[dict[str, Any]] = []
         self.step = 0
         self.taus: dict[tuple, int] = {}  # this step's verified trees: probes often rebuild the same one
+        self.step_rows: list[dict[str, Any]] = []  # this step's rows, completed with the real outcome by ``observe``
+        self.real: Outcome | None = None  # the real tree's counts, τ still unknown (0)
+
+    @property
+    def continuation(self) -> CallPolicy:
+        # read at every probe: the method may replace its policy object between requests (``reset``)
+        return self.fixed_continuation or self.inner.policy
 
     def start(self, prefill: Prefill) -> None:
         tree = self.config.tree
@@ -113,14 +143,18 @@ class ProbingMethod(Method):
 
     def draft(self, committed: torch.Tensor) -> DraftTree:  # committed: [L], root last
         tree, records = self.inner.build(committed, record=True)
+        self.step_rows, self.real = [], None
         if self.step % self.every == 0:
             self.taus = {}
             real = {r.layer: r.called for r in records}
             for record in records:
                 row = self.probe(committed, real, record.layer)
                 if row is not None:
-                    self.rows.append({**row, "step": self.step, "features": record.features.tolist(), "real_call": record.called})
+                    self.step_rows.append({**row, "step": self.step, "features": record.features.tolist(),
+                                           "real_call": record.called})
             tree, _ = self.inner.build(committed)  # the real tree again: the strong cache must hold its rows
+            calls = sum(r.called for r in records)
+            self.real = Outcome(0, tree.size, calls, len(records) - calls)
         self.step += 1
         return tree
 
@@ -159,15 +193,37 @@ class ProbingMethod(Method):
         row: dict[str, Any] = {"layer": layer, "context_length": context}
         for name, o in (("call", call), ("skip", skip)):
             ms = self.costs.step_ms(o.nodes + 1, o.calls, o.weak, width, context)
-            row.update({f"tau_{name}": o.tau, f"nodes_{name}": o.nodes, f"calls_{name}": o.calls,
-                        f"weak_{name}": o.weak, f"ms_{name}": ms, f"value_{name}": 1000.0 * o.tau / ms})
-        row["margin"] = row["value_call"] - row["value_skip"]
+            row.update({**o.columns(name), f"ms_{name}": ms})
         return row
+
+    def labelled_rows(self) -> list[dict[str, Any]]:
+        """This generation's rows with R, each action's value and the margin under the collection's profile."""
+        rows = self.rows
+        if not rows:
+            return []
+        width = self.config.tree.top_k
+
+        def column(name: str) -> torch.Tensor:
+            return torch.tensor([row[name] for row in rows], dtype=torch.float32)
+
+        ms_real = torch.tensor([self.costs.step_ms(r["nodes_real"] + 1, r["calls_real"], r["weak_real"], width,
+                                                   r["context_length"]) for r in rows])
+        rate = running_rates([0] * len(rows), [r["step"] for r in rows], column("tau_real"), ms_real)
+        value_call = decision_values(column("tau_call"), column("ms_call"), rate)
+        value_skip = decision_values(column("tau_skip"), column("ms_skip"), rate)
+        return [{**row, "ms_real": float(ms_real[i]), "rate": float(rate[i]), "value_call": float(value_call[i]),
+                 "value_skip": float(value_skip[i]), "margin": float(value_call[i] - value_skip[i])}
+                for i, row in enumerate(rows)]
 
     def readback(self, tree, verdict, logits):
         return self.inner.readback(tree, verdict, logits)
 
     def observe(self, observation: Observation) -> None:
+        """The real step's τ completes its rows (the running rate R is priced from them)."""
+        if self.real is not None:
+            real = dataclasses.replace(self.real, tau=observation.num_accepted + 1)
+            self.rows.extend({**row, **real.columns("real")} for row in self.step_rows)
+            self.step_rows, self.real = [], None
         self.inner.observe(observation)
 
     def drafter_calls(self) -> dict[str, int]:
@@ -203,7 +259,8 @@ def probing_decoder(pipeline: Pipeline, settings: CollectSettings, costs: CostPr
         raise ConfigError("collect labels greedy acceptance only", "drop --temperature (or pass 0)")
     config = dataclasses.replace(settings.config, method="treegraft")
     decoder = pipeline.decoder(config)
-    continuation = make_policy(settings.continuation, decoder.method.options)
+    itself = settings.continuation == POLICY_ITSELF
+    continuation = None if itself else make_policy(settings.continuation, decoder.method.options)
     probe = ProbingMethod(decoder.method, decoder.target, decoder.backend, costs, continuation, settings.every)
     decoder.method = probe
     return decoder, probe
@@ -288,5 +345,5 @@ def collect_question(pipeline: Pipeline, decoder: SpeculativeDecoder, probe: Pro
         answers.append(pipeline.decode(generation.output_ids))
         ident = {"key": key, "benchmark": question.benchmark, "question_id": str(question.question_id),
                  "turn": turn, "prompt_length": int(prompt.numel())}
-        rows.extend({**ident, **row} for row in probe.rows)
+        rows.extend({**ident, **row} for row in probe.labelled_rows())
     return rows

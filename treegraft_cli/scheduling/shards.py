@@ -228,6 +228,24 @@ def read_rollouts(root: Path) -> tuple[dict[str, Any], datasets.Dataset]:
     return settings, datasets.concatenate_datasets(tables) if tables else datasets.Dataset.from_dict({})
 
 
+def read_iterations(roots: Sequence[Path]) -> tuple[dict[str, Any], list[datasets.Dataset]]:
+    """Several rollout directories (iterations of on-policy collection): the first one's settings and every
+    directory's rows. They must share the pair, dtype and tree (their policies and cost profiles may differ)."""
+    first, tables = None, []
+    for root in roots:
+        settings, table = read_rollouts(root)
+        if first is None:
+            first = settings
+        differing = [name for name in ("pair", "dtype", "tree", "feature_names") if settings.get(name) != first.get(name)]
+        if differing:
+            raise ConfigError(f"{root} was collected with another {', '.join(differing)} than {roots[0]}",
+                              "distill together only iterations of one pair and tree shape")
+        tables.append(table)
+    if first is None:
+        raise ConfigError("no rollout directory given", "pass --rollouts DIR (repeatable)")
+    return first, tables
+
+
 def read_settings(root: Path) -> dict[str, Any]:
     path = Path(root) / SETTINGS_FILE
     if not path.is_file():
