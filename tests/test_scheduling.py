@@ -20,6 +20,7 @@ from treegraft_cli.errors import ConfigError
 from treegraft_cli.grafting.scheduler import FEATURE_NAMES, CostModel, MarginPolicy, SchedulerState, features
 from treegraft_cli.methods import Prefill
 from treegraft_cli.pipeline import Pipeline
+from treegraft_cli.profiles import load_profile
 from treegraft_cli.scheduling.artifact import load_scheduler
 from treegraft_cli.scheduling.cost_profile import CostProfile, load_cost_profile, save_cost_profile
 from treegraft_cli.scheduling.replay import price
@@ -257,3 +258,38 @@ def test_on_policy_collection_uses_the_given_scheduler_and_distills_per_iteratio
     assert all(it["policies"]["mlp"]["regret"] >= 0 and it["rows"] > 0 for it in iterations)
     assert sum(it["rows"] for it in iterations) == line["held_out"]["rows"]
     assert line["value"].startswith("tau - R*T")
+
+
+def test_an_artifact_for_another_pair_or_feature_set_is_refused(tmp_path, tiny_self_pair):
+    drafter, target = tiny_self_pair
+    path = learned_artifact(tmp_path)
+    document = json.loads((tmp_path / "scheduler.json").read_text())
+    config = DecodeConfig(method="treegraft", tree=TreeConfig(budget=12, depth=3, top_k=3), max_new_tokens=8,
+                          method_options={"scheduler": path, "verify_ms": 5.0, "strong_ms": 1.0})
+    document["cost_profile"] = {"pair": "qwen2.5-coder-0.5b:qwen2.5-coder-1.5b", "identity": "abc123", "dtype": "bf16"}
+    (tmp_path / "scheduler.json").write_text(json.dumps(document))
+    with pytest.raises(ConfigError, match="distilled for the pair qwen2.5-coder-0.5b:qwen2.5-coder-1.5b .*abc123.*not "
+                                          + PAIR.replace("@", ".")) as refused:
+        Pipeline(target=target, drafter=drafter, pair=PAIR).decoder(config)
+    assert "--pair " + PAIR in refused.value.hint
+    # the same artifact for its own pair decides (no check when the pair is not known)
+    document["cost_profile"]["pair"] = PAIR
+    (tmp_path / "scheduler.json").write_text(json.dumps(document))
+    assert isinstance(Pipeline(target=target, drafter=drafter, pair=PAIR).decoder(config).method.policy, MarginPolicy)
+    document["feature_names"] = [*FEATURE_NAMES[:-1], "something_else"]
+    (tmp_path / "scheduler.json").write_text(json.dumps(document))
+    with pytest.raises(ConfigError, match="other features"):
+        load_scheduler(path)
+
+
+def test_a_profile_finds_its_shipped_scheduler_beside_it(tmp_path, monkeypatch):
+    profiles = tmp_path / "profiles"
+    (profiles / "schedulers").mkdir(parents=True)
+    learned_artifact(profiles / "schedulers")
+    (profiles / "pair.yaml").write_text(yaml.safe_dump({
+        "pair": PAIR, "dtype": "fp32", "decode": {"method": "treegraft"},
+        "method_options": {"treegraft": {"scheduler": "schedulers/scheduler.json"}}}))
+    monkeypatch.chdir(tmp_path / "profiles" / "schedulers")  # anywhere but the profile's directory
+    scheduler = load_profile(str(profiles / "pair.yaml")).method_options["treegraft"]["scheduler"]
+    assert scheduler == str(profiles / "schedulers" / "scheduler.json")
+    load_scheduler(scheduler)

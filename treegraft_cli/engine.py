@@ -114,6 +114,7 @@ class SpeculativeDecoder:
         eos_token_ids: Sequence[int] = (),
         backend: VerifyBackend | None = None,
         measurements: dict[Any, Any] | None = None,  # shared by decoders on the same models (``Models``)
+        pair: str = "",  # DRAFTER:TARGET, for methods that check what they load against it
     ):
         self.target = target
         self.drafter = drafter
@@ -123,7 +124,7 @@ class SpeculativeDecoder:
         self.eos_token_ids = set(int(t) for t in eos_token_ids)
         vocab_size = target.model.config.vocab_size
         shared = {} if measurements is None else measurements
-        self.method: Method = create_method(config, Models(target, drafter, vocab_size, shared))
+        self.method: Method = create_method(config, Models(target, drafter, vocab_size, shared, pair))
         check_mode(config.compile, target.device)
         if config.compile != "off" and target.capture_indices:
             raise ConfigError(f"--compile {config.compile} cannot capture the hidden states an EAGLE-3 head reads",

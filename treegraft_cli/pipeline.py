@@ -31,6 +31,7 @@ class Pipeline:
     measurements: dict[Any, Any] = field(default_factory=dict)
     # the chat template's ``enable_thinking`` (Qwen3 templates think unless told not to); None: the template's default
     thinking: bool | None = None
+    pair: str = ""  # DRAFTER:TARGET as loaded ("" for models built some other way)
 
     @classmethod
     def load(
@@ -38,7 +39,7 @@ class Pipeline:
         thinking: bool | None = None,
     ) -> Pipeline:
         drafter, target = load_pair(pair, dtype, device, progress)
-        return cls(target=target, drafter=drafter, thinking=thinking)
+        return cls(target=target, drafter=drafter, thinking=thinking, pair=pair)
 
     @property
     def tokenizer(self):
@@ -56,6 +57,7 @@ class Pipeline:
             drafter=drafter,
             eos_token_ids=self.target.eos_token_ids,
             measurements=self.measurements,
+            pair=self.pair,
         )
 
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> torch.Tensor:

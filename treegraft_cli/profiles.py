@@ -14,7 +14,7 @@ A profile file (``profiles/NAME.yaml``)::
       tree: {budget: 63, depth: 5, top_k: 10}
       sampling: {temperature: 0.0}
     method_options:                    # per method: that method's own option names
-      treegraft: {lookback: 5, call_budget: 5}
+      treegraft: {lookback: 5, call_budget: 5}   # scheduler: FILE is read relative to this file
     cost: {...}                        # optional: measured costs (free-form mapping)
     tuned: {...}                       # optional: provenance written by `treegraft tune`
 
@@ -142,7 +142,24 @@ def load_profile_file(path: Path) -> Profile:
         raise ConfigError(f"profile {path} does not exist", "pass an existing YAML file or a name from profiles/") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML ({str(error).splitlines()[0]})", "fix the YAML syntax") from None
-    return profile_from_mapping(document, str(path), path.stem)
+    return _files_beside(profile_from_mapping(document, str(path), path.stem), path.parent)
+
+
+FILE_OPTIONS = ("scheduler",)  # method options that name a file: relative to the profile's own directory
+
+
+def _files_beside(profile: Profile, directory: Path) -> Profile:
+    """The profile with relative file options (a shipped scheduler artifact) made absolute from ``directory``,
+    so a profile finds the files shipped beside it from any working directory."""
+    options = {}
+    for method, values in profile.method_options.items():
+        values = dict(values)
+        for key in FILE_OPTIONS:
+            value = values.get(key)
+            if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+                values[key] = str(directory / value)
+        options[method] = values
+    return replace(profile, method_options=options)
 
 
 def load_profile(name_or_path: str) -> Profile:

@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 import torch
 
@@ -212,12 +213,28 @@ class MarginPolicy(CallPolicy):
     name = "margin"
     uses_costs = True  # a distilled scheduler sees them as features
 
-    def __init__(self, call_budget: int, margin_fn: Callable[[torch.Tensor], float]):
+    def __init__(self, call_budget: int, margin_fn: Callable[[torch.Tensor], float],
+                 distilled_for: Mapping[str, Any] | None = None, source: str = "the scheduler"):
         super().__init__(call_budget)
         self.margin_fn = margin_fn
+        self.distilled_for = dict(distilled_for or {})  # the artifact's cost profile: identity, device, dtype, pair
+        self.source = source
 
     def wants_call(self, state: SchedulerState) -> bool:
         return float(self.margin_fn(features(state))) > 0
+
+    def check_pair(self, pair: str) -> None:
+        """Refuse to decide for another pair than the one whose rollouts taught it (its labels and cost
+        features describe that pair's drafters and hardware); an unknown pair on either side is not checked."""
+        distilled = self.distilled_for.get("pair")
+        if not pair or not distilled or distilled == pair:
+            return
+        identity = self.distilled_for.get("identity", "?")
+        raise ConfigError(
+            f"{self.source} was distilled for the pair {distilled} (cost profile {identity}), not {pair}",
+            f"distill one for this pair (treegraft profile/collect/distill --pair {pair}, see the README), "
+            "or decide with the step rule: -o policy=step",
+        )
 
 
 class CostAwareRule(CallPolicy):
@@ -304,7 +321,7 @@ def _learned(argument: str, options: TreeGraftConfig) -> CallPolicy:
     path = argument or options.scheduler
     if not path:
         raise ConfigError("call policy 'learned' needs a scheduler artifact", "pass -o scheduler=FILE (from treegraft distill)")
-    return load_scheduler(path).policy(options.call_budget)
+    return load_scheduler(path).policy(options.call_budget, str(path))
 
 
 def _step(argument: str, options: TreeGraftConfig) -> CallPolicy:

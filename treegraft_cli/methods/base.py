@@ -67,6 +67,7 @@ class Models:
     drafter: CausalLM | None = None
     vocab_size: int = 0
     measurements: dict[Any, Any] = field(default_factory=dict)  # methods' measurements of these models, by key
+    pair: str = ""  # DRAFTER:TARGET as the user named it ("" when the models were built some other way)
 
 
 @dataclass(frozen=True)

@@ -85,8 +85,8 @@ class DistilledScheduler:
     def margin(self, features: torch.Tensor) -> float:  # [17] → one margin
         return float(self.predict(features[None])[0])
 
-    def policy(self, call_budget: int) -> MarginPolicy:
-        return MarginPolicy(call_budget, self.margin)
+    def policy(self, call_budget: int, source: str = "the scheduler") -> MarginPolicy:
+        return MarginPolicy(call_budget, self.margin, self.cost_profile, source)
 
     def document(self) -> dict[str, Any]:
         linear = [m for m in self.mlp if isinstance(m, torch.nn.Linear)]
