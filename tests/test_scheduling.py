@@ -177,6 +177,15 @@ def test_distill_artifact_loads_and_decides(rollouts, cost_file, tmp_path, tiny_
     assert all(r["speedup"] > 0 and math.isfinite(r["speedup"]) for r in replayed["results"])
     by_name = {r["policy"]: r for r in replayed["results"]}
     assert by_name["always-call"]["call_rate"] == 1.0 and by_name["never-call"]["call_rate"] == 0.0
+    # beside a bench's results: each policy's measured speedup from the contender it stands for
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"methods": {"all-small": {"speedup": 1.1}, "all-mid": {"speedup": 0.9},
+                                               "treegraft": {"speedup": 1.3}}}))
+    side = invoke(["replay", "--rollouts", str(out), "--cost", str(cost_file[0]), "--scheduler", str(artifact),
+                   "--measured", str(results), "--match", "learned=treegraft", "--match", "collected=none"])
+    measured = {r["policy"]: (r.get("measured_speedup"), r.get("contender")) for r in side["results"]}
+    assert measured["never-call"] == (1.1, "all-small") and measured["always-call"] == (0.9, "all-mid")
+    assert measured["learned"] == (1.3, "treegraft") and measured["oracle"] == (None, None) == measured["collected"]
 
 
 def test_rerun_resumes_and_redoes_torn_or_corrupt_shards(rollouts, tmp_path):

@@ -12,7 +12,7 @@ from ..scheduling.artifact import load_scheduler
 from ..scheduling.cost_profile import load_cost_profile, profile_from_document
 from ..scheduling.distill import VALUE_RATE, DistillSettings
 from ..scheduling.distill import distill as run_distill
-from ..scheduling.replay import FIXED_POLICIES
+from ..scheduling.replay import FIXED_POLICIES, load_results, measured_speedups, parse_matches
 from ..scheduling.replay import replay as run_replay
 from ..scheduling.shards import read_iterations, read_rollouts
 from . import console
@@ -60,14 +60,26 @@ def replay(
     cost: Annotated[Path | None, typer.Option("--cost", help="Cost profile to price under (default: the collection's).")] = None,
     scheduler: Annotated[Path | None, typer.Option("--scheduler", help="Distilled scheduler: adds policy `learned`.")] = None,
     policies: Annotated[str | None, typer.Option("--policies", help="Semicolon list, e.g. 'always-call;fixed:1,2;learned'.")] = None,
+    measured: Annotated[Path | None, typer.Option("--measured", help="A bench results.json: show each policy's measured speedup beside the estimate.")] = None,
+    match: Annotated[list[str] | None, typer.Option("--match", help="POLICY=CONTENDER: which bench contender a policy stands for (defaults: never-call=all-small, always-call=all-mid, collected=treegraft).")] = None,
 ) -> None:
     """Estimate each policy's speedup from rollouts under a cost profile, without running a model."""
     settings_doc, table = read_rollouts(rollouts)
     profile = load_cost_profile(cost) if cost else profile_from_document(settings_doc["cost_profile"], f"{rollouts}/collect.json")
     learned = load_scheduler(scheduler) if scheduler else None
     chosen = [p.strip() for p in policies.split(";") if p.strip()] if policies else [*FIXED_POLICIES, *(["learned"] if learned else [])]
+    matches = parse_matches(match or ())
+    bench = measured_speedups(load_results(measured), matches, str(measured)) if measured else {}
     results = run_replay(table, settings_doc["tree"], profile, chosen, learned)
+    columns = ["policy", "est. speedup", "tok/s (modelled)", "τ", "call rate"]
+    rows = [[r.policy, f"{r.speedup:.2f}x", r.tokens_per_s, r.tau, r.call_rate] for r in results]
+    if measured:
+        columns += ["measured", "contender"]
+        for row, r in zip(rows, results, strict=True):
+            found = bench.get(r.policy)
+            row += [f"{found:.2f}x" if found is not None else "–", matches.get(r.policy, "") if found is not None else ""]
     console.table(f"replayed under {profile.device}, {profile.dtype} ({profile.identity}); {len(table)} decisions",
-                  ["policy", "est. speedup", "tok/s (modelled)", "τ", "call rate"],
-                  [(r.policy, f"{r.speedup:.2f}x", r.tokens_per_s, r.tau, r.call_rate) for r in results])
-    console.json_line({"cost_profile": profile.identity, "results": [r.as_dict() for r in results]})
+                  columns, rows)
+    console.json_line({"cost_profile": profile.identity,
+                       "results": [{**r.as_dict(), **({"measured_speedup": bench[r.policy], "contender": matches[r.policy]}
+                                                      if r.policy in bench else {})} for r in results]})

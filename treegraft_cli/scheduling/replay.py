@@ -15,9 +15,13 @@ each row changes one layer's action with the collection's continuation after it,
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
 
 import torch
 
@@ -30,6 +34,8 @@ from .shards import table_columns
 from .values import REAL_COLUMNS, decision_values, running_rates
 
 FIXED_POLICIES = ("always-call", "never-call", "oracle", "collected")
+# the bench contender each replay policy stands for when a bench's results are given (``measured_speedups``)
+DEFAULT_MATCHES = MappingProxyType({"never-call": "all-small", "always-call": "all-mid", "collected": "treegraft"})
 
 
 @dataclass(frozen=True)
@@ -131,3 +137,41 @@ def replay(table, tree: dict, profile: CostProfile, policies: Sequence[str], sch
         results.append(ReplayResult(policy, speedup, 1000.0 * float(tau.sum()) / total_ms, float(tau.mean()),
                                     float(call.float().mean())))
     return results
+
+
+def measured_speedups(results: Mapping[str, Any], matches: Mapping[str, str], source: str = "results") -> dict[str, float]:
+    """Policy → the measured speedup over the bench's baseline of the contender it stands for (``matches``:
+    policy → contender name in a bench ``results.json``); policies whose contender the bench did not run are left out.
+
+    Replay estimates each policy from single-decision deviations on the rollouts' prompts; the bench runs the
+    whole policy on its own prompts. Side by side they show how far the value system can be trusted."""
+    methods = results.get("methods") if isinstance(results, Mapping) else None
+    if not isinstance(methods, Mapping):
+        raise ConfigError(f"{source} is not a bench results.json (no 'methods')", "pass the results.json `treegraft bench` wrote")
+    found = {}
+    for policy, contender in matches.items():
+        speedup = methods.get(contender, {}).get("speedup") if isinstance(methods.get(contender), Mapping) else None
+        if isinstance(speedup, int | float) and math.isfinite(speedup):
+            found[policy] = float(speedup)
+    return found
+
+
+def load_results(path: Path) -> Any:
+    """A bench results.json as read from disk (``measured_speedups`` checks its shape)."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"bench results {path} do not exist", "pass the results.json `treegraft bench --out DIR` wrote") from None
+    except json.JSONDecodeError:
+        raise ConfigError(f"{path} is not valid JSON", "pass the results.json `treegraft bench --out DIR` wrote") from None
+
+
+def parse_matches(texts: Sequence[str]) -> dict[str, str]:
+    """``POLICY=CONTENDER`` pairs over the defaults (``DEFAULT_MATCHES``)."""
+    matches = dict(DEFAULT_MATCHES)
+    for text in texts:
+        policy, sep, contender = text.partition("=")
+        if not sep or not policy.strip() or not contender.strip():
+            raise ConfigError(f"--match {text!r} is not POLICY=CONTENDER", "e.g. --match learned=treegraft")
+        matches[policy.strip()] = contender.strip()
+    return matches
