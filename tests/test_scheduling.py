@@ -17,7 +17,16 @@ from typer.testing import CliRunner
 from treegraft_cli.cli import app
 from treegraft_cli.config import DecodeConfig, TreeConfig
 from treegraft_cli.errors import ConfigError
-from treegraft_cli.grafting.scheduler import FEATURE_NAMES, CostModel, MarginPolicy, SchedulerState, features
+from treegraft_cli.grafting.history import StepHistory
+from treegraft_cli.grafting.scheduler import (
+    FEATURE_NAMES,
+    FEATURE_SETS,
+    HISTORY_FEATURE_NAMES,
+    CostModel,
+    MarginPolicy,
+    SchedulerState,
+    features,
+)
 from treegraft_cli.methods import Prefill
 from treegraft_cli.pipeline import Pipeline
 from treegraft_cli.profiles import load_profile
@@ -26,7 +35,7 @@ from treegraft_cli.scheduling.cost_profile import CostProfile, load_cost_profile
 from treegraft_cli.scheduling.replay import price
 from treegraft_cli.scheduling.rollouts import CollectSettings, probing_decoder
 from treegraft_cli.scheduling.shards import read_rollouts
-from treegraft_cli.tree import ORIGIN_MODEL, DraftTree
+from treegraft_cli.tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree
 
 PAIR = "tiny-random@layers=2:tiny-random"
 TREE = ["-N", "12", "-D", "3", "-K", "3"]
@@ -302,3 +311,45 @@ def test_a_profile_finds_its_shipped_scheduler_beside_it(tmp_path, monkeypatch):
     scheduler = load_profile(str(profiles / "pair.yaml")).method_options["treegraft"]["scheduler"]
     assert scheduler == str(profiles / "schedulers" / "scheduler.json")
     load_scheduler(scheduler)
+
+
+def test_step_history_by_hand():
+    """Accepted lengths by strong calls, acceptance by origin (nodes whose parent was accepted), the rate in root
+    verifications per step."""
+    tree = DraftTree.from_root(0)
+    a = tree.add_children(torch.tensor([0, 0]), torch.tensor([5, 6]), torch.tensor([-0.1, -0.2]), ORIGIN_MODEL)
+    tree.add_children(a[:1], torch.tensor([7]), torch.tensor([-0.3]), ORIGIN_NGRAM)  # node 3 under node 1
+    tree.add_children(a[1:], torch.tensor([8]), torch.tensor([-0.4]), ORIGIN_NGRAM)  # node 4 under node 2
+    history = StepHistory(decay=0.5, prior_steps=1.0)
+    assert history.values() == (1.0, 1.0, 1.0, 0.5, 0.5, 1.0)  # the priors
+    costs = CostModel(verify_ms=30.0, strong_ms=5.0, verify_root_ms=10.0)
+    history.observe(tree, torch.tensor([0, 1, 3]), calls=1, costs=costs, budget=4)  # accepted 1 then 3
+    values = history.values()
+    assert values[1] == pytest.approx((3 + 1) / 2)  # τ = 3 with one call, against a prior worth one step
+    assert values[0] == values[2] == 1.0  # the other kinds keep their prior
+    # n-gram: node 3 judged (parent 1 accepted) and accepted; node 4's parent was rejected: not judged
+    assert values[3] == pytest.approx((1.0 + 0.5) / 2)
+    # model: nodes 1 and 2 judged (parent: the root), one of two accepted
+    assert values[4] == pytest.approx((2 * 0.5 + 0.5) / 3)
+    # rate: τ · verify_root / (verify of 4 nodes + one call) = 3 · 10 / (30 + 5)
+    assert values[5] == pytest.approx((3 * 10 / 35 + 1.0) / 2)
+
+
+def test_extended_features_are_collected_distilled_and_decided_with(rollouts, tmp_path, tiny_self_pair):
+    out, _, _ = rollouts
+    _, table = read_rollouts(out)
+    assert all(len(r["history"]) == len(HISTORY_FEATURE_NAMES) for r in table)
+    artifact = tmp_path / "extended.json"
+    line = invoke(["distill", "--rollouts", str(out), "--out", str(artifact), "--epochs", "20", "--features", "extended"])
+    assert line["held_out"]["rows"] > 0
+    scheduler = load_scheduler(artifact)
+    assert scheduler.feature_set == "extended"
+    assert json.loads(artifact.read_text())["feature_names"] == list(FEATURE_SETS["extended"])
+    drafter, target = tiny_self_pair
+    config = DecodeConfig(method="treegraft", tree=TreeConfig(budget=12, depth=3, top_k=3), max_new_tokens=12,
+                          method_options={"scheduler": str(artifact), "verify_ms": 5.0, "strong_ms": 1.0})
+    decoder = Pipeline(target=target, drafter=drafter).decoder(config)
+    assert decoder.method.policy.feature_set == "extended" and decoder.method.measure_history
+    prompt = Pipeline(target=target, drafter=drafter).encode_chat([{"role": "user", "content": "one two one two"}])
+    assert decoder.generate(prompt).output_ids == reference_greedy(target, prompt, 12)
+    assert decoder.method.history is not None and decoder.method.history.values() != StepHistory().values()

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from ..atomic import ensure_writable_dir
+from ..grafting.scheduler import FEATURE_SETS
 from ..scheduling.artifact import load_scheduler
 from ..scheduling.cost_profile import load_cost_profile, profile_from_document
 from ..scheduling.distill import VALUE_RATE, DistillSettings
@@ -25,10 +26,13 @@ def distill(
     epochs: Annotated[int, typer.Option("--epochs", help="Full-batch Adam epochs.")] = 400,
     seed: Annotated[int, typer.Option("--seed", help="Split and initialisation seed.")] = 0,
     cost: Annotated[list[Path] | None, typer.Option("--cost", help="Extra cost profile(s) to re-price the rollouts under (hardware-aware training).")] = None,
+    features: Annotated[str, typer.Option("--features", help=f"Feature set: {' | '.join(FEATURE_SETS)} (extended adds what the recent steps measured).")] = "paper",
 ) -> None:
-    """Fit the 17→64→32→1 MLP to the value margins; held-out sign accuracy and regret; write the artifact."""
+    """Fit the features→64→32→1 MLP to the value margins; held-out sign accuracy and regret; write the artifact."""
     if not 0 < holdout < 1 or epochs < 1:
         raise typer.BadParameter("--holdout in (0, 1) and --epochs >= 1")
+    if features not in FEATURE_SETS:
+        raise typer.BadParameter(f"--features must be one of {', '.join(FEATURE_SETS)}")
     ensure_writable_dir(out.parent)
     settings_doc, tables = read_iterations(rollouts)
     first = rollouts[0]
@@ -36,7 +40,7 @@ def distill(
     extra = [load_cost_profile(path) for path in cost or ()]
     identity = {"identity": costs.identity, "device": costs.device, "dtype": costs.dtype, "pair": costs.pair,
                 "also_priced_under": [p.identity for p in extra]}
-    settings = DistillSettings(holdout=holdout, epochs=epochs, seed=seed)
+    settings = DistillSettings(holdout=holdout, epochs=epochs, seed=seed, feature_set=features)
     scheduler = run_distill(tables, settings_doc["tree"], [costs, *extra], settings, identity, [str(r) for r in rollouts])
     scheduler.save(out)
     report = scheduler.report

@@ -117,8 +117,11 @@ class LayerLoop:
         prompt_length: int,
         forced: Mapping[int, bool] | None = None,
         record: bool = False,
+        history: tuple[float, ...] = (),
     ) -> tuple[DraftTree, list[LayerRecord], Growth]:
-        """The cut tree, one record per layer, and the uncut growth state (for inspection and tests)."""
+        """The cut tree, one record per layer, and the uncut growth state (for inspection and tests).
+
+        ``history``: what the recent steps measured (``StepHistory.values()``), handed to the policy's state."""
         forced = forced or {}
         self.index.sync(committed)
         if self.strong is not None:
@@ -129,7 +132,7 @@ class LayerLoop:
             with host_only():
                 previewed = policy.previews(layer) and layer not in forced
                 proposal = self.propose_weak(g, layer) if previewed else None
-                state = self.state(g, layer, costs, prompt_length, proposal, self.strong_lag(committed))
+                state = self.state(g, layer, costs, prompt_length, proposal, self.strong_lag(committed), history)
                 wanted = forced[layer] if layer in forced else policy.decide(state)
                 call = wanted and self.strong is not None and bool(state.candidates.any())
             if call:
@@ -156,6 +159,7 @@ class LayerLoop:
         prompt_length: int,
         proposal: WeakProposal | None = None,
         strong_lag: int = 0,
+        history: tuple[float, ...] = (),
     ) -> SchedulerState:
         window = graft_window(g.tree, layer, self.options.lookback, self.options.max_depth, g.expanded)
         return SchedulerState(
@@ -171,6 +175,7 @@ class LayerLoop:
             budget=self.shape.budget,
             weak=proposal.preview if proposal is not None else None,
             strong_lag=strong_lag,
+            history=history,
         )
 
     # -- skip: the weak drafter ---------------------------------------------------------------------

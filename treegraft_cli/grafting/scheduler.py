@@ -42,6 +42,18 @@ FEATURE_NAMES = (
     "reselect_overlap",
     "reselect_mean_score",
 )
+# the extended set adds what the recent steps of the request measured (``history.StepHistory``)
+HISTORY_FEATURE_NAMES = (
+    "recent_tau_no_call",
+    "recent_tau_one_call",
+    "recent_tau_more_calls",
+    "recent_ngram_acceptance",
+    "recent_model_acceptance",
+    "recent_rate",
+)
+FEATURE_SETS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {"paper": FEATURE_NAMES, "extended": FEATURE_NAMES + HISTORY_FEATURE_NAMES}
+)
 
 
 @dataclass(frozen=True)
@@ -115,6 +127,7 @@ class SchedulerState:
     budget: int  # N
     weak: WeakPreview | None = None  # what a skip would add, when the policy previews it
     strong_lag: int = 0  # committed tokens the strong drafter has not forwarded yet (its next call will)
+    history: tuple[float, ...] = ()  # ``StepHistory.values()`` before this step; () when nobody measures it
 
     def reselection(self) -> torch.Tensor:
         """[≤K] the grafting positions a strong call would pick on the current scores (before rescoring)."""
@@ -152,11 +165,22 @@ def features(state: SchedulerState) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float32)
 
 
+def feature_vector(state: SchedulerState, feature_set: str = "paper") -> torch.Tensor:
+    """The features of ``FEATURE_SETS[feature_set]``: the paper's 17, or those and the history's (its prior values
+    when the state carries none)."""
+    base = features(state)
+    if feature_set == "paper":
+        return base
+    history = state.history or (0.0,) * len(HISTORY_FEATURE_NAMES)
+    return torch.cat([base, torch.tensor(history, dtype=torch.float32)])
+
+
 class CallPolicy(ABC):
     """Decides call/skip per layer; at most ``call_budget`` calls per step, none without a grafting position."""
 
     name = ""
     uses_costs = False  # reads SchedulerState.costs: the method measures them at warm-up when not given
+    feature_set = "paper"  # the features it reads (FEATURE_SETS); "extended" needs the request's StepHistory
 
     def __init__(self, call_budget: int):
         self.call_budget = call_budget
@@ -214,14 +238,15 @@ class MarginPolicy(CallPolicy):
     uses_costs = True  # a distilled scheduler sees them as features
 
     def __init__(self, call_budget: int, margin_fn: Callable[[torch.Tensor], float],
-                 distilled_for: Mapping[str, Any] | None = None, source: str = "the scheduler"):
+                 distilled_for: Mapping[str, Any] | None = None, source: str = "the scheduler", feature_set: str = "paper"):
         super().__init__(call_budget)
         self.margin_fn = margin_fn
         self.distilled_for = dict(distilled_for or {})  # the artifact's cost profile: identity, device, dtype, pair
         self.source = source
+        self.feature_set = feature_set  # a key of FEATURE_SETS
 
     def wants_call(self, state: SchedulerState) -> bool:
-        return float(self.margin_fn(features(state))) > 0
+        return float(self.margin_fn(feature_vector(state, self.feature_set))) > 0
 
     def check_pair(self, pair: str) -> None:
         """Refuse to decide for another pair than the one whose rollouts taught it (its labels and cost

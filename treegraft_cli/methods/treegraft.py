@@ -19,6 +19,7 @@ from ..drafters.ngram import NgramIndex, TargetLogProbCache
 from ..grafting.builder import LayerLoop, LayerRecord
 from ..grafting.config import TreeGraftConfig
 from ..grafting.costs import measure_costs
+from ..grafting.history import StepHistory
 from ..grafting.scheduler import LEARNED, POLICY_FACTORIES, CallPolicy, CostModel, MarginPolicy, make_policy
 from ..grafting.step_rule import StepRule
 from ..syncs import fetch, host_only
@@ -64,6 +65,9 @@ class TreeGraftMethod(Method):
             self.policy.check_pair(models.pair)
         self.costs = CostModel(self.options.verify_ms, self.options.strong_ms)
         self.prompt_length = 0
+        # this request's recent steps: measured for a policy that reads the extended features, and for ``collect``
+        self.measure_history = self.policy.feature_set != "paper"
+        self.history: StepHistory | None = None
         self.last_records: list[LayerRecord] = []
         self.weak_expansions = 0
 
@@ -97,6 +101,7 @@ class TreeGraftMethod(Method):
     def start(self, prefill: Prefill) -> None:
         self.host_tree = DraftTree.from_root(0, host=True)
         self.prompt_length = int(prefill.prompt_ids.numel())
+        self.history = StepHistory() if self.measure_history else None
         self.index.reset()
         self.index.extend(prefill.context())
         _record_prefill(self.target_logp, prefill)
@@ -138,7 +143,8 @@ class TreeGraftMethod(Method):
         drafter's cache is cropped back to the committed context each time.
         """
         tree, records, growth = self.loop.build(
-            committed, policy or self.policy, self.costs, self.prompt_length, forced, record
+            committed, policy or self.policy, self.costs, self.prompt_length, forced, record,
+            self.history.values() if self.history is not None else (),
         )
         self.host_tree = tree  # the last tree built is the one verified: observe learns from its host copy
         self.last_records = records
@@ -171,6 +177,9 @@ class TreeGraftMethod(Method):
             # the target's token after each verified node: the next accepted node's, then the bonus
             verified = torch.cat([path.new_zeros(1), path])
             self.policy.observe(tree, verified, torch.tensor(observation.new_tokens, dtype=torch.long))
+            if self.history is not None:
+                calls = sum(record.called for record in self.last_records)
+                self.history.observe(tree, verified, calls, self.costs, self.config.tree.budget)
 
     def drafter_calls(self) -> dict[str, int]:
         if self.strong is None:

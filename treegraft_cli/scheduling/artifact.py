@@ -1,13 +1,15 @@
-"""The distilled scheduler: a 17 → 64 → 32 → 1 ReLU MLP over standardised features, and its artifact file.
+"""The distilled scheduler: a ReLU MLP (features → 64 → 32 → 1) over standardised features, and its artifact file.
 
 The artifact is one JSON file (no pickle: loading runs no code)::
 
     kind: treegraft-scheduler, version: 1
-    feature_names: the 17 names, in ``grafting.scheduler.FEATURE_NAMES`` order (checked on load)
+    feature_names: the inputs in order, one of ``grafting.scheduler.FEATURE_SETS`` (checked on load): the
+        paper's 17, or those and the 6 history features (``extended``)
     feature_mean, feature_scale: z = clip((x − mean) · scale, ±5); scale = 1/std, 0 for a feature that was
         constant in the rollouts (e.g. the cost features of a single-profile collection) — it carried no
         information, so a different value at run time must not push the MLP off its training range
-    margin_mean, margin_std: margin = mlp(z) · std + mean (tokens per modelled second)
+    margin_mean, margin_std: margin = mlp(z) · std + mean (in the units of the report's value: tokens, or tokens
+        per modelled second for rollouts without the real step's outcome)
     layers: [{weight, bias}, ...]
     cost_profile: {identity, device, dtype, pair} the rollouts' labels were modelled under
     report: the held-out metrics of ``treegraft distill``
@@ -28,7 +30,7 @@ import torch
 
 from ..atomic import atomic_write_text
 from ..errors import ConfigError
-from ..grafting.scheduler import FEATURE_NAMES, MarginPolicy
+from ..grafting.scheduler import FEATURE_NAMES, FEATURE_SETS, MarginPolicy
 
 KIND = "treegraft-scheduler"
 HIDDEN = (64, 32)
@@ -49,19 +51,19 @@ def build_mlp(inputs: int = len(FEATURE_NAMES), hidden: tuple[int, ...] = HIDDEN
 
 @dataclass(frozen=True)
 class Normaliser:
-    feature_mean: torch.Tensor  # [17]
-    feature_scale: torch.Tensor  # [17] 1/std, 0 for constant features
+    feature_mean: torch.Tensor  # [features]
+    feature_scale: torch.Tensor  # [features] 1/std, 0 for constant features
     margin_mean: float
     margin_std: float
 
     @classmethod
-    def fit(cls, features: torch.Tensor, margins: torch.Tensor) -> Normaliser:  # [n, 17], [n]
+    def fit(cls, features: torch.Tensor, margins: torch.Tensor) -> Normaliser:  # [n, features], [n]
         std = features.std(dim=0, unbiased=False)
         scale = torch.where(std > 1e-6, 1.0 / std.clamp(min=1e-6), torch.zeros_like(std))
         margin_std = float(margins.std(unbiased=False)) if margins.numel() > 1 else 1.0
         return cls(features.mean(dim=0), scale, float(margins.mean()), margin_std if margin_std > 1e-9 else 1.0)
 
-    def inputs(self, features: torch.Tensor) -> torch.Tensor:  # [..., 17] → [..., 17]
+    def inputs(self, features: torch.Tensor) -> torch.Tensor:  # [..., features] → same
         return ((features - self.feature_mean) * self.feature_scale).clamp(-CLIP, CLIP)
 
     def targets(self, margins: torch.Tensor) -> torch.Tensor:
@@ -77,16 +79,17 @@ class DistilledScheduler:
     normaliser: Normaliser
     cost_profile: Mapping[str, Any] = field(default_factory=dict)
     report: Mapping[str, Any] = field(default_factory=dict)
+    feature_set: str = "paper"  # a key of FEATURE_SETS: the inputs the MLP reads, in that order
 
     @torch.no_grad()
-    def predict(self, features: torch.Tensor) -> torch.Tensor:  # [n, 17] → [n] margins
+    def predict(self, features: torch.Tensor) -> torch.Tensor:  # [n, features] → [n] margins
         return self.normaliser.margins(self.mlp(self.normaliser.inputs(features.float())).squeeze(-1))
 
-    def margin(self, features: torch.Tensor) -> float:  # [17] → one margin
+    def margin(self, features: torch.Tensor) -> float:  # [features] → one margin
         return float(self.predict(features[None])[0])
 
     def policy(self, call_budget: int, source: str = "the scheduler") -> MarginPolicy:
-        return MarginPolicy(call_budget, self.margin, self.cost_profile, source)
+        return MarginPolicy(call_budget, self.margin, self.cost_profile, source, self.feature_set)
 
     def document(self) -> dict[str, Any]:
         linear = [m for m in self.mlp if isinstance(m, torch.nn.Linear)]
@@ -94,7 +97,7 @@ class DistilledScheduler:
         return {
             "kind": KIND,
             "version": 1,
-            "feature_names": list(FEATURE_NAMES),
+            "feature_names": list(FEATURE_SETS[self.feature_set]),
             "feature_mean": n.feature_mean.tolist(),
             "feature_scale": n.feature_scale.tolist(),
             "margin_mean": n.margin_mean,
@@ -111,12 +114,15 @@ class DistilledScheduler:
 def scheduler_from_document(document: Any, source: str) -> DistilledScheduler:
     if not isinstance(document, Mapping) or document.get("kind") != KIND:
         raise ConfigError(f"{source} is not a treegraft scheduler artifact", FIX)
-    if list(document.get("feature_names", [])) != list(FEATURE_NAMES):
-        raise ConfigError(f"{source} was distilled for other features than this version's 17", "distill it again")
+    names = list(document.get("feature_names", []))
+    feature_set = next((name for name, known in FEATURE_SETS.items() if names == list(known)), None)
+    if feature_set is None:
+        raise ConfigError(f"{source} was distilled for other features than this version's sets ({', '.join(FEATURE_SETS)})",
+                          "distill it again with this version (`treegraft distill --features paper|extended`)")
     try:
         layers = document["layers"]
         hidden = tuple(len(layer["bias"]) for layer in layers[:-1])
-        mlp = build_mlp(len(FEATURE_NAMES), hidden)
+        mlp = build_mlp(len(names), hidden)
         linear = [m for m in mlp if isinstance(m, torch.nn.Linear)]
         with torch.no_grad():
             for module, values in zip(linear, layers, strict=True):
@@ -130,7 +136,7 @@ def scheduler_from_document(document: Any, source: str) -> DistilledScheduler:
         )
     except (KeyError, TypeError, ValueError, RuntimeError) as error:
         raise ConfigError(f"{source}: malformed scheduler artifact ({type(error).__name__}: {error})", FIX) from None
-    return DistilledScheduler(mlp.eval(), normaliser, document.get("cost_profile", {}), document.get("report", {}))
+    return DistilledScheduler(mlp.eval(), normaliser, document.get("cost_profile", {}), document.get("report", {}), feature_set)
 
 
 def load_scheduler(path: str | Path) -> DistilledScheduler:

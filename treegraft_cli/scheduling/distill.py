@@ -42,13 +42,14 @@ class DistillSettings:
     learning_rate: float = 3e-3
     weight_decay: float = 1e-4
     seed: int = 0
+    feature_set: str = "paper"  # a key of FEATURE_SETS
 
 
 @dataclass(frozen=True)
 class Decisions:
     """The labelled rows as tensors."""
 
-    features: torch.Tensor  # [n, 17]
+    features: torch.Tensor  # [n, features]
     value_call: torch.Tensor  # [n]
     value_skip: torch.Tensor  # [n]
     groups: list[str]  # [n] prompt key of each row
@@ -65,7 +66,8 @@ class Decisions:
                          sources)
 
 
-def decisions_from_rows(table, tree: dict, profiles: Sequence[CostProfile], source: int = 0) -> Decisions:
+def decisions_from_rows(table, tree: dict, profiles: Sequence[CostProfile], source: int = 0,
+                        feature_set: str = "paper") -> Decisions:
     """The rows priced under each profile (the collection's first): one decision per row and profile.
 
     Under the collection's profile this reproduces the stored values; every further profile re-prices the
@@ -73,7 +75,7 @@ def decisions_from_rows(table, tree: dict, profiles: Sequence[CostProfile], sour
     move the margin.
     """
     keys = [str(k) for k in table_columns(table)["key"]]
-    parts = [price(table, profile, tree) for profile in profiles]
+    parts = [price(table, profile, tree, feature_set) for profile in profiles]
     n = len(keys) * len(parts)
     return Decisions(
         torch.cat([p.features for p in parts]),
@@ -116,7 +118,7 @@ def split(decisions: Decisions, holdout: float, seed: int) -> tuple[torch.Tensor
 
 def fit(decisions: Decisions, settings: DistillSettings) -> tuple[torch.nn.Sequential, Normaliser]:
     normaliser = Normaliser.fit(decisions.features, decisions.margins)
-    inputs = normaliser.inputs(decisions.features)  # [n, 17]
+    inputs = normaliser.inputs(decisions.features)  # [n, features]
     targets = normaliser.targets(decisions.margins)  # [n]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings.seed)
@@ -162,17 +164,18 @@ def distill(
     if len({_has_rate([table]) for table in tables}) > 1:
         raise ConfigError("some rollout directories lack the real step's outcome (collected by an older treegraft)",
                           "collect them again, or distill them apart")
-    decisions = union([decisions_from_rows(table, tree, profiles, i) for i, table in enumerate(tables)])
+    decisions = union([decisions_from_rows(table, tree, profiles, i, settings.feature_set) for i, table in enumerate(tables)])
     train_mask, test_mask = split(decisions, settings.holdout, settings.seed)
     train, test = decisions.subset(train_mask), decisions.subset(test_mask)
     mlp, normaliser = fit(train, settings)
-    scheduler = DistilledScheduler(mlp, normaliser, cost_profile)
+    scheduler = DistilledScheduler(mlp, normaliser, cost_profile, feature_set=settings.feature_set)
     names = list(sources) or [str(i) for i in range(len(tables))]
     by_iteration = [{"rollouts": name, **evaluate(scheduler, test.subset(test.sources == i))}
                     for i, name in enumerate(names) if bool((test.sources == i).any())]
     scheduler.report = {"train": evaluate(scheduler, train), "held_out": evaluate(scheduler, test),
                         "held_out_by_iteration": by_iteration, "value": VALUE_RATE if _has_rate(tables) else VALUE_RATIO,
-                        "settings": {"holdout": settings.holdout, "epochs": settings.epochs, "seed": settings.seed}}
+                        "settings": {"holdout": settings.holdout, "epochs": settings.epochs, "seed": settings.seed,
+                                     "features": settings.feature_set}}
     return scheduler
 
 

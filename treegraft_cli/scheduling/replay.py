@@ -74,8 +74,9 @@ class Priced:
         return decision_values(self.tau_skip, self.ms_skip, self.rate)
 
 
-def price(table, profile: CostProfile, tree: dict) -> Priced:
-    """Every row's outcomes re-priced under ``profile``: times, the running rate and the cost features."""
+def price(table, profile: CostProfile, tree: dict, feature_set: str = "paper") -> Priced:
+    """Every row's outcomes re-priced under ``profile``: times, the running rate and the cost features
+    (``feature_set``: the paper's 17 features, or ``extended`` with the rows' history features after them)."""
     table = table_columns(table)
     width, budget = int(tree["top_k"]), int(tree["budget"])
     contexts = [int(c) for c in table["context_length"]]
@@ -91,6 +92,11 @@ def price(table, profile: CostProfile, tree: dict) -> Priced:
     features = torch.tensor(table["features"], dtype=torch.float32)
     costs = profile.cost_model(budget, width, COST_CONTEXT)  # the scheduler's cost features under this profile
     features[:, 1:4] = torch.tensor([costs.verify_ms, costs.strong_ms, costs.log_ratio])
+    if feature_set != "paper":
+        if "history" not in table:
+            raise ConfigError("these rollouts hold no history features (collected by an older treegraft)",
+                              "collect them again, or distill with --features paper")
+        features = torch.cat([features, torch.tensor(table["history"], dtype=torch.float32)], dim=1)
     return Priced(
         tau_call=torch.tensor(table["tau_call"], dtype=torch.float32),
         tau_skip=torch.tensor(table["tau_skip"], dtype=torch.float32),
@@ -126,7 +132,7 @@ def choose(policy: str, priced: Priced, scheduler: DistilledScheduler | None) ->
 
 
 def replay(table, tree: dict, profile: CostProfile, policies: Sequence[str], scheduler: DistilledScheduler | None = None) -> list[ReplayResult]:
-    priced = price(table, profile, tree)
+    priced = price(table, profile, tree, scheduler.feature_set if scheduler is not None else "paper")
     results = []
     for policy in policies:
         call = choose(policy, priced, scheduler)

@@ -46,7 +46,7 @@ import torch
 from ..config import DecodeConfig
 from ..engine import SpeculativeDecoder
 from ..errors import ConfigError
-from ..grafting.scheduler import FEATURE_NAMES, CallPolicy, make_policy
+from ..grafting.scheduler import FEATURE_NAMES, HISTORY_FEATURE_NAMES, CallPolicy, make_policy
 from ..methods import Method, Observation, Prefill
 from ..methods.treegraft import COST_CONTEXT, TreeGraftMethod
 from ..pipeline import Pipeline, chat_messages
@@ -90,6 +90,7 @@ class CollectSettings:
             "continuation": self.continuation,
             "every": self.every,
             "feature_names": list(FEATURE_NAMES),
+            "history_feature_names": list(HISTORY_FEATURE_NAMES),
             "cost_profile": profile_document(costs),
         }
 
@@ -138,10 +139,12 @@ class ProbingMethod(Method):
         # the cost features as the method's own warm-up would measure them (after COST_CONTEXT tokens): one value
         # per profile, so within one collection they carry no prompt identity the MLP could latch onto
         self.inner.costs = self.costs.cost_model(tree.budget, tree.top_k, COST_CONTEXT)
+        self.inner.measure_history = True  # rows keep the history features whatever the policy reads
         self.inner.start(prefill)
         self.step = 0
 
     def draft(self, committed: torch.Tensor) -> DraftTree:  # committed: [L], root last
+        history = list(self.inner.history.values())  # the recent steps, before this one
         tree, records = self.inner.build(committed, record=True)
         self.step_rows, self.real = [], None
         if self.step % self.every == 0:
@@ -151,7 +154,7 @@ class ProbingMethod(Method):
                 row = self.probe(committed, real, record.layer)
                 if row is not None:
                     self.step_rows.append({**row, "step": self.step, "features": record.features.tolist(),
-                                           "real_call": record.called})
+                                           "history": history, "real_call": record.called})
             tree, _ = self.inner.build(committed)  # the real tree again: the strong cache must hold its rows
             calls = sum(r.called for r in records)
             self.real = Outcome(0, tree.size, calls, len(records) - calls)
