@@ -27,6 +27,7 @@ from treegraft_cli.grafting.scheduler import (
     SchedulerState,
     features,
 )
+from treegraft_cli.grafting.step_rule import LearnedStepRule
 from treegraft_cli.methods import Prefill
 from treegraft_cli.pipeline import Pipeline
 from treegraft_cli.profiles import load_profile
@@ -353,3 +354,54 @@ def test_extended_features_are_collected_distilled_and_decided_with(rollouts, tm
     prompt = Pipeline(target=target, drafter=drafter).encode_chat([{"role": "user", "content": "one two one two"}])
     assert decoder.generate(prompt).output_ids == reference_greedy(target, prompt, 12)
     assert decoder.method.history is not None and decoder.method.history.values() != StepHistory().values()
+
+
+def test_per_step_rollouts_distill_into_a_learned_step_rule(cost_file, tmp_path, tiny_self_pair):
+    """collect --decide step prices every step kind; distill fits kind-vs-weak margins; the artifact decides per
+    step through the step rule and stays lossless; replay estimates per-step policies."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": i, "turns": [q]}) + "\n" for i, q in enumerate(QUESTIONS)))
+    out = tmp_path / "steps"
+    line = invoke(["collect", "--pair", PAIR, "--dtype", "fp32", "--prompts", str(prompts), "-n", "10", *TREE,
+                   "--cost", str(cost_file[0]), "--out", str(out), "--decide", "step", "--policy", "step"])
+    assert line["rows"] > 0
+    settings, table = read_rollouts(out)
+    assert settings["decide"] == "step"
+    row = table[0]
+    for kind in ("weak", "short", "full"):
+        assert row[f"tau_kind_{kind}"] >= 1
+        assert row[f"value_kind_{kind}"] == pytest.approx(row[f"tau_kind_{kind}"] - row["rate"] * row[f"ms_kind_{kind}"], rel=1e-5)
+    assert row["calls_kind_weak"] == 0 and row["calls_kind_short"] <= 1 <= row["calls_kind_full"] + 1
+    artifact = tmp_path / "steps.json"
+    distilled = invoke(["distill", "--rollouts", str(out), "--out", str(artifact), "--epochs", "20"])
+    assert distilled["decides"] == "step"
+    held = distilled["held_out_by_iteration"][0]["policies"]
+    assert held["oracle"]["regret"] == 0.0 and all(p["regret"] >= 0 for p in held.values())
+    scheduler = load_scheduler(artifact)
+    assert scheduler.decides == "step" and scheduler.feature_names[-2:] == ("kind_short", "kind_full")
+    drafter, target = tiny_self_pair
+    config = DecodeConfig(method="treegraft", tree=TreeConfig(budget=12, depth=3, top_k=3), max_new_tokens=12,
+                          method_options={"scheduler": str(artifact), "verify_ms": 5.0, "strong_ms": 1.0})
+    decoder = Pipeline(target=target, drafter=drafter).decoder(config)
+    assert isinstance(decoder.method.policy, LearnedStepRule)
+    prompt = Pipeline(target=target, drafter=drafter).encode_chat([{"role": "user", "content": "one two one two"}])
+    assert decoder.generate(prompt).output_ids == reference_greedy(target, prompt, 12)
+    replayed = invoke(["replay", "--rollouts", str(out), "--scheduler", str(artifact)])
+    names = [r["policy"] for r in replayed["results"]]
+    assert names == ["always-weak", "always-full", "always-short", "oracle", "collected", "learned"] or \
+        sorted(names) == sorted(["always-weak", "always-full", "always-short", "oracle", "collected", "learned"])
+    assert all(math.isfinite(r["speedup"]) and r["speedup"] > 0 for r in replayed["results"])
+
+
+def test_learned_step_rule_takes_the_kind_of_largest_positive_margin():
+    tree = DraftTree.from_root(0)
+    state = SchedulerState(tree=tree, frontier=torch.zeros(1, dtype=torch.long), candidates=torch.tensor([True]),
+                           layer=1, num_layers=4, called=(), prompt_length=10, costs=CostModel(40.0, 10.0), width=2, budget=8)
+
+    def rule(short: float, full: float) -> LearnedStepRule:
+        # the last two inputs are the kind one-hot (short, full)
+        return LearnedStepRule(5, 0.8, lambda x: float(x[-2] * short + x[-1] * full), layers=(1, 2, 3))
+
+    assert rule(0.5, 1.0).choose(state).name == "full"
+    assert rule(0.5, -1.0).choose(state).name == "short"
+    assert rule(-0.5, -1.0).choose(state).name == "weak"

@@ -41,6 +41,7 @@ def collect(
     policy: Annotated[str, typer.Option("--policy", help="The real policy that drives decoding.")] = "cost-aware",
     continuation: Annotated[str, typer.Option("--continuation", help="Policy after the probed layer: 'policy' (the real one, on-policy labels) or a fixed one such as all-small.")] = POLICY_ITSELF,
     every: Annotated[int, typer.Option("--every", help="Probe every k-th step.")] = 1,
+    decide: Annotated[str, typer.Option("--decide", help="Label each layer's call or skip ('layer', the paper's) or each step's kind ('step').")] = "layer",
     fmt: Annotated[str, typer.Option("--format", help=f"Shard format: {' | '.join(FORMATS)}.")] = "parquet",
     dtype: Annotated[str | None, typer.Option("--dtype", help="bf16 | fp16 | fp32.")] = None,
     device: Annotated[str | None, typer.Option("--device", help="cpu | cuda | auto.")] = None,
@@ -54,6 +55,8 @@ def collect(
     disable_progress_bar()  # one bar per shard write from datasets would drown the collect bar
     if every < 1:
         raise typer.BadParameter("--every must be >= 1")
+    if decide not in ("layer", "step"):
+        raise typer.BadParameter("--decide must be layer or step")
     index_count = parse_shard(shard)
     run = resolve_run(pair, profile, dtype, device, max_new_tokens, 0.0, budget, depth, tree_top_k, thinking)
     method_options = {**run.method_options.get("treegraft", {}), **parse_options(options or ()), "policy": policy}
@@ -61,7 +64,7 @@ def collect(
     check_method(config, has_drafter(run.pair))  # a typo in --policy or -o fails before any model loads
     if continuation != POLICY_ITSELF:
         make_policy(continuation, METHODS["treegraft"].parse_options(method_options))
-    settings = CollectSettings(run.pair, run.dtype, config, continuation, every, fmt)
+    settings = CollectSettings(run.pair, run.dtype, config, continuation, every, fmt, decide)
     questions = suite_questions(suite, prompts or (), num_prompts, first_prompt)
     ensure_writable_dir(out)
     with console.fetch_progress() as progress:

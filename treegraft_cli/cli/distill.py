@@ -8,12 +8,20 @@ from typing import Annotated
 import typer
 
 from ..atomic import ensure_writable_dir
+from ..grafting.config import parse_layers
 from ..grafting.scheduler import FEATURE_SETS
 from ..scheduling.artifact import load_scheduler
 from ..scheduling.cost_profile import load_cost_profile, profile_from_document
 from ..scheduling.distill import VALUE_RATE, DistillSettings
 from ..scheduling.distill import distill as run_distill
-from ..scheduling.replay import FIXED_POLICIES, load_results, measured_speedups, parse_matches
+from ..scheduling.replay import (
+    FIXED_POLICIES,
+    load_results,
+    measured_speedups,
+    parse_matches,
+    replay_steps,
+    step_policies,
+)
 from ..scheduling.replay import replay as run_replay
 from ..scheduling.shards import read_iterations, read_rollouts
 from . import console
@@ -41,7 +49,10 @@ def distill(
     identity = {"identity": costs.identity, "device": costs.device, "dtype": costs.dtype, "pair": costs.pair,
                 "also_priced_under": [p.identity for p in extra]}
     settings = DistillSettings(holdout=holdout, epochs=epochs, seed=seed, feature_set=features)
-    scheduler = run_distill(tables, settings_doc["tree"], [costs, *extra], settings, identity, [str(r) for r in rollouts])
+    decide = settings_doc.get("decide", "layer")
+    full_layers = parse_layers(settings_doc.get("method_options", {}).get("layers", ()))
+    scheduler = run_distill(tables, settings_doc["tree"], [costs, *extra], settings, identity, [str(r) for r in rollouts],
+                            decide, full_layers)
     scheduler.save(out)
     report = scheduler.report
     held = report["held_out"]
@@ -50,11 +61,16 @@ def distill(
                   f"(commoner sign: {held['majority_sign_accuracy']:.3f}); value {report['value']}",
                   ["policy", f"mean value ({unit})", f"regret ({unit})", "call rate"],
                   [(name, p["value"], p["regret"], p["call_rate"]) for name, p in held["policies"].items()])
-    if len(rollouts) > 1:
+    if decide == "step":
+        console.table(f"held-out steps, per step kind (value in {unit})", ["rollouts", "steps", "policy", "value", "regret", "shares"],
+                      [(it["rollouts"], it["steps"], name, p["value"], p["regret"],
+                        " ".join(f"{k[len('share_'):]} {v:.2f}" for k, v in p.items() if k.startswith("share_")))
+                       for it in report["held_out_by_iteration"] for name, p in it["policies"].items()])
+    elif len(rollouts) > 1:
         console.table("held-out regret per iteration", ["rollouts", "rows", f"mlp regret ({unit})", "mlp call rate", "oracle call rate"],
                       [(it["rollouts"], it["rows"], it["policies"]["mlp"]["regret"], it["policies"]["mlp"]["call_rate"],
                         it["oracle_call_rate"]) for it in report["held_out_by_iteration"]])
-    console.json_line({"scheduler": str(out), "cost_profile": costs.identity, "held_out": held,
+    console.json_line({"scheduler": str(out), "cost_profile": costs.identity, "decides": decide, "held_out": held,
                        "held_out_by_iteration": report["held_out_by_iteration"], "value": report["value"],
                        "train_sign_accuracy": report["train"]["sign_accuracy"]})
 
@@ -71,10 +87,12 @@ def replay(
     settings_doc, table = read_rollouts(rollouts)
     profile = load_cost_profile(cost) if cost else profile_from_document(settings_doc["cost_profile"], f"{rollouts}/collect.json")
     learned = load_scheduler(scheduler) if scheduler else None
-    chosen = [p.strip() for p in policies.split(";") if p.strip()] if policies else [*FIXED_POLICIES, *(["learned"] if learned else [])]
+    per_step = settings_doc.get("decide", "layer") == "step"
+    fixed = step_policies(table) if per_step else FIXED_POLICIES
+    chosen = [p.strip() for p in policies.split(";") if p.strip()] if policies else [*fixed, *(["learned"] if learned else [])]
     matches = parse_matches(match or ())
     bench = measured_speedups(load_results(measured), matches, str(measured)) if measured else {}
-    results = run_replay(table, settings_doc["tree"], profile, chosen, learned)
+    results = (replay_steps if per_step else run_replay)(table, settings_doc["tree"], profile, chosen, learned)
     columns = ["policy", "est. speedup", "tok/s (modelled)", "τ", "call rate"]
     rows = [[r.policy, f"{r.speedup:.2f}x", r.tokens_per_s, r.tau, r.call_rate] for r in results]
     if measured:

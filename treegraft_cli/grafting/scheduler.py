@@ -54,6 +54,27 @@ HISTORY_FEATURE_NAMES = (
 FEATURE_SETS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {"paper": FEATURE_NAMES, "extended": FEATURE_NAMES + HISTORY_FEATURE_NAMES}
 )
+# a per-step scheduler (``step_rule.LearnedStepRule``) reads the layer-1 features and which strong kind it prices
+STEP_KIND_NAMES = ("short", "full")
+STEP_KIND_FEATURE_NAMES = tuple(f"kind_{name}" for name in STEP_KIND_NAMES)
+
+
+def kind_one_hot(kind: str) -> torch.Tensor:  # -> [len(STEP_KIND_NAMES)]
+    return torch.tensor([1.0 if kind == name else 0.0 for name in STEP_KIND_NAMES])
+
+
+def check_distilled_pair(distilled_for: Mapping[str, Any], source: str, pair: str) -> None:
+    """Refuse a scheduler distilled on another pair's rollouts (its labels and cost features describe that pair's
+    drafters and hardware); an unknown pair on either side is not checked."""
+    distilled = distilled_for.get("pair")
+    if not pair or not distilled or distilled == pair:
+        return
+    identity = distilled_for.get("identity", "?")
+    raise ConfigError(
+        f"{source} was distilled for the pair {distilled} (cost profile {identity}), not {pair}",
+        f"distill one for this pair (treegraft profile/collect/distill --pair {pair}, see the README), "
+        "or decide with the step rule: -o policy=step",
+    )
 
 
 @dataclass(frozen=True)
@@ -189,6 +210,9 @@ class CallPolicy(ABC):
         """Whether the layer loop should look up the weak chains before asking (``SchedulerState.weak``)."""
         return False
 
+    def check_pair(self, pair: str) -> None:
+        """Raise a ConfigError if the policy was made for another DRAFTER:TARGET pair (a distilled scheduler)."""
+
     def observe(self, tree: DraftTree, accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """A verified step: ``accepted`` ``[a]`` root and accepted nodes, ``next_tokens`` ``[a]`` the target's token after each."""
 
@@ -249,17 +273,7 @@ class MarginPolicy(CallPolicy):
         return float(self.margin_fn(feature_vector(state, self.feature_set))) > 0
 
     def check_pair(self, pair: str) -> None:
-        """Refuse to decide for another pair than the one whose rollouts taught it (its labels and cost
-        features describe that pair's drafters and hardware); an unknown pair on either side is not checked."""
-        distilled = self.distilled_for.get("pair")
-        if not pair or not distilled or distilled == pair:
-            return
-        identity = self.distilled_for.get("identity", "?")
-        raise ConfigError(
-            f"{self.source} was distilled for the pair {distilled} (cost profile {identity}), not {pair}",
-            f"distill one for this pair (treegraft profile/collect/distill --pair {pair}, see the README), "
-            "or decide with the step rule: -o policy=step",
-        )
+        check_distilled_pair(self.distilled_for, self.source, pair)
 
 
 class CostAwareRule(CallPolicy):
@@ -346,7 +360,7 @@ def _learned(argument: str, options: TreeGraftConfig) -> CallPolicy:
     path = argument or options.scheduler
     if not path:
         raise ConfigError("call policy 'learned' needs a scheduler artifact", "pass -o scheduler=FILE (from treegraft distill)")
-    return load_scheduler(path).policy(options.call_budget, str(path))
+    return load_scheduler(path).policy(options, str(path))
 
 
 def _step(argument: str, options: TreeGraftConfig) -> CallPolicy:

@@ -61,14 +61,25 @@ Tests pass a fake ``clock``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ..tree import DraftTree
 from .calibration import AcceptanceCalibration
-from .scheduler import CallPolicy, CostModel, SchedulerState, WeakPreview, expected_accepted
+from .scheduler import (
+    STEP_KIND_NAMES,
+    CallPolicy,
+    CostModel,
+    SchedulerState,
+    WeakPreview,
+    check_distilled_pair,
+    expected_accepted,
+    feature_vector,
+    kind_one_hot,
+)
 
 
 class WeakOutcomes:
@@ -135,6 +146,16 @@ class StepKind:
         self.tau = tau if self.tau is None else decay * self.tau + (1 - decay) * tau
 
 
+def kind_layers(layers: tuple[int, ...], short_layers: tuple[int, ...], num_layers: int) -> dict[str, tuple[int, ...]]:
+    """The step kinds and the layers each calls at: weak (none), short (``short_layers``, unless empty or the same
+    as full) and full (``layers``, default 1..D−1)."""
+    full = layers or tuple(range(1, num_layers))
+    kinds = {"weak": (), "full": full}
+    if short_layers and short_layers != full:
+        kinds["short"] = short_layers
+    return kinds
+
+
 class StepRule(CallPolicy):
     name = "step"
     uses_costs = True
@@ -185,10 +206,8 @@ class StepRule(CallPolicy):
 
     def step_kinds(self, num_layers: int) -> dict[str, StepKind]:
         if not self.kinds:
-            full = self.layers or tuple(range(1, num_layers))
-            self.kinds = {"weak": StepKind("weak", ()), "full": StepKind("full", full)}
-            if self.short_layers and self.short_layers != full:
-                self.kinds["short"] = StepKind("short", self.short_layers)
+            layers = kind_layers(self.layers, self.short_layers, num_layers)
+            self.kinds = {name: StepKind(name, called) for name, called in layers.items()}
         return self.kinds
 
     def wants_call(self, state: SchedulerState) -> bool:
@@ -300,3 +319,39 @@ class StepRule(CallPolicy):
                 self.weak_outcomes.observe(self.estimate, chain_match(self.preview, next_tokens))
         else:
             self.weak_outcomes.observe(self.estimate, tau)
+
+
+class LearnedStepRule(StepRule):
+    """The step rule with a distilled scheduler choosing each step's kind (``treegraft distill`` of per-step
+    rollouts, ``collect --decide step``): the kind whose predicted margin over a weak step is largest, a weak
+    step when no margin is positive. Measuring, trimming and catching up stay the rule's.
+
+    ``margin_fn`` maps ``[features, kind one-hot]`` (``STEP_KIND_NAMES`` order) to V_kind − V_weak.
+    """
+
+    name = "learned-step"
+
+    def __init__(self, call_budget: int, hit_rate: float, margin_fn: Callable[[torch.Tensor], float],
+                 feature_set: str = "paper", layers: tuple[int, ...] = (), trim: bool = True,
+                 distilled_for: Mapping[str, Any] | None = None, source: str = "the scheduler"):
+        super().__init__(call_budget, hit_rate, layers, trim=trim)
+        self.margin_fn = margin_fn
+        self.feature_set = feature_set
+        self.distilled_for = dict(distilled_for or {})
+        self.source = source
+
+    def choose(self, state: SchedulerState) -> StepKind:
+        kinds = self.step_kinds(state.num_layers)
+        self.preview = state.weak  # the weak estimate and its outcomes stay measured, as the trim reads them
+        self.estimate, _ = self.weak_estimate(state)
+        inputs = feature_vector(state, self.feature_set)
+        best, best_margin = kinds["weak"], 0.0
+        for name in STEP_KIND_NAMES:
+            if name in kinds:
+                margin = float(self.margin_fn(torch.cat([inputs, kind_one_hot(name)])))
+                if margin > best_margin:
+                    best, best_margin = kinds[name], margin
+        return best
+
+    def check_pair(self, pair: str) -> None:
+        check_distilled_pair(self.distilled_for, self.source, pair)

@@ -20,7 +20,7 @@ from ..grafting.builder import LayerLoop, LayerRecord
 from ..grafting.config import TreeGraftConfig
 from ..grafting.costs import measure_costs
 from ..grafting.history import StepHistory
-from ..grafting.scheduler import LEARNED, POLICY_FACTORIES, CallPolicy, CostModel, MarginPolicy, make_policy
+from ..grafting.scheduler import LEARNED, POLICY_FACTORIES, CallPolicy, CostModel, make_policy
 from ..grafting.step_rule import StepRule
 from ..syncs import fetch, host_only
 from ..tree import ORIGIN_NGRAM, DraftTree
@@ -61,8 +61,7 @@ class TreeGraftMethod(Method):
         self.strong = self._strong_drafter(models)
         self.loop = LayerLoop(config.tree, self.options, self.index, self.target_logp, self.strong)
         self.policy: CallPolicy = make_policy(self.policy_spec(self.options), self.options)
-        if isinstance(self.policy, MarginPolicy):
-            self.policy.check_pair(models.pair)
+        self.policy.check_pair(models.pair)
         self.costs = CostModel(self.options.verify_ms, self.options.strong_ms)
         self.prompt_length = 0
         # this request's recent steps: measured for a policy that reads the extended features, and for ``collect``

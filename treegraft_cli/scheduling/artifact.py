@@ -4,7 +4,9 @@ The artifact is one JSON file (no pickle: loading runs no code)::
 
     kind: treegraft-scheduler, version: 1
     feature_names: the inputs in order, one of ``grafting.scheduler.FEATURE_SETS`` (checked on load): the
-        paper's 17, or those and the 6 history features (``extended``)
+        paper's 17, or those and the 6 history features (``extended``); a per-step scheduler adds the kind it prices
+    decides: layer (call or skip at each layer) or step (the step's kind, at layer 1; ``LearnedStepRule``)
+    full_layers: the layers a full strong step called at in the per-step rollouts
     feature_mean, feature_scale: z = clip((x − mean) · scale, ±5); scale = 1/std, 0 for a feature that was
         constant in the rollouts (e.g. the cost features of a single-profile collection) — it carried no
         information, so a different value at run time must not push the MLP off its training range
@@ -30,7 +32,9 @@ import torch
 
 from ..atomic import atomic_write_text
 from ..errors import ConfigError
-from ..grafting.scheduler import FEATURE_NAMES, FEATURE_SETS, MarginPolicy
+from ..grafting.config import TreeGraftConfig
+from ..grafting.scheduler import FEATURE_NAMES, FEATURE_SETS, STEP_KIND_FEATURE_NAMES, CallPolicy, MarginPolicy
+from ..grafting.step_rule import LearnedStepRule
 
 KIND = "treegraft-scheduler"
 HIDDEN = (64, 32)
@@ -80,6 +84,13 @@ class DistilledScheduler:
     cost_profile: Mapping[str, Any] = field(default_factory=dict)
     report: Mapping[str, Any] = field(default_factory=dict)
     feature_set: str = "paper"  # a key of FEATURE_SETS: the inputs the MLP reads, in that order
+    decides: str = "layer"  # per "layer" (call or skip, MarginPolicy) or per "step" (the kind, LearnedStepRule)
+    full_layers: tuple[int, ...] = ()  # a full strong step's layers in the per-step rollouts (() = 1..D−1)
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        """The MLP's inputs: the feature set, and for a per-step scheduler the kind it prices."""
+        return FEATURE_SETS[self.feature_set] + (STEP_KIND_FEATURE_NAMES if self.decides == "step" else ())
 
     @torch.no_grad()
     def predict(self, features: torch.Tensor) -> torch.Tensor:  # [n, features] → [n] margins
@@ -88,8 +99,12 @@ class DistilledScheduler:
     def margin(self, features: torch.Tensor) -> float:  # [features] → one margin
         return float(self.predict(features[None])[0])
 
-    def policy(self, call_budget: int, source: str = "the scheduler") -> MarginPolicy:
-        return MarginPolicy(call_budget, self.margin, self.cost_profile, source, self.feature_set)
+    def policy(self, options: TreeGraftConfig, source: str = "the scheduler") -> CallPolicy:
+        """The call policy that decides with this scheduler under the method's ``options``."""
+        if self.decides == "step":
+            return LearnedStepRule(options.call_budget, options.hit_rate, self.margin, self.feature_set,
+                                   options.layers or self.full_layers, options.trim, self.cost_profile, source)
+        return MarginPolicy(options.call_budget, self.margin, self.cost_profile, source, self.feature_set)
 
     def document(self) -> dict[str, Any]:
         linear = [m for m in self.mlp if isinstance(m, torch.nn.Linear)]
@@ -97,7 +112,9 @@ class DistilledScheduler:
         return {
             "kind": KIND,
             "version": 1,
-            "feature_names": list(FEATURE_SETS[self.feature_set]),
+            "feature_names": list(self.feature_names),
+            "decides": self.decides,
+            "full_layers": list(self.full_layers),
             "feature_mean": n.feature_mean.tolist(),
             "feature_scale": n.feature_scale.tolist(),
             "margin_mean": n.margin_mean,
@@ -115,8 +132,10 @@ def scheduler_from_document(document: Any, source: str) -> DistilledScheduler:
     if not isinstance(document, Mapping) or document.get("kind") != KIND:
         raise ConfigError(f"{source} is not a treegraft scheduler artifact", FIX)
     names = list(document.get("feature_names", []))
-    feature_set = next((name for name, known in FEATURE_SETS.items() if names == list(known)), None)
-    if feature_set is None:
+    decides = document.get("decides", "layer")
+    kind_names = list(STEP_KIND_FEATURE_NAMES) if decides == "step" else []
+    feature_set = next((name for name, known in FEATURE_SETS.items() if names == [*known, *kind_names]), None)
+    if decides not in ("layer", "step") or feature_set is None:
         raise ConfigError(f"{source} was distilled for other features than this version's sets ({', '.join(FEATURE_SETS)})",
                           "distill it again with this version (`treegraft distill --features paper|extended`)")
     try:
@@ -136,7 +155,8 @@ def scheduler_from_document(document: Any, source: str) -> DistilledScheduler:
         )
     except (KeyError, TypeError, ValueError, RuntimeError) as error:
         raise ConfigError(f"{source}: malformed scheduler artifact ({type(error).__name__}: {error})", FIX) from None
-    return DistilledScheduler(mlp.eval(), normaliser, document.get("cost_profile", {}), document.get("report", {}), feature_set)
+    return DistilledScheduler(mlp.eval(), normaliser, document.get("cost_profile", {}), document.get("report", {}),
+                              feature_set, decides, tuple(int(v) for v in document.get("full_layers", ())))
 
 
 def load_scheduler(path: str | Path) -> DistilledScheduler:

@@ -28,9 +28,10 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from ..grafting.scheduler import STEP_KIND_NAMES, kind_one_hot
 from .artifact import HIDDEN, DistilledScheduler, Normaliser, build_mlp
 from .cost_profile import CostProfile
-from .replay import price
+from .replay import PricedSteps, price, price_steps
 from .shards import table_columns
 from .values import REAL_COLUMNS
 
@@ -97,6 +98,44 @@ def union(parts: Sequence[Decisions]) -> Decisions:
     )
 
 
+def step_decisions(table, tree: dict, profiles: Sequence[CostProfile], source: int = 0,
+                   feature_set: str = "paper") -> Decisions:
+    """Per-step rows as pairwise decisions: each strong kind against a weak step, the kind one-hot after the
+    features (what ``LearnedStepRule`` asks the MLP), under every profile."""
+    keys = [str(k) for k in table_columns(table)["key"]]
+    parts = []
+    for profile in profiles:
+        priced = price_steps(table, profile, tree, feature_set)
+        for kind in STEP_KIND_NAMES:
+            if kind in priced.values:
+                one_hot = kind_one_hot(kind).expand(len(keys), -1)
+                parts.append(Decisions(torch.cat([priced.features, one_hot], dim=1), priced.values[kind],
+                                       priced.values["weak"], keys, torch.full((len(keys),), source, dtype=torch.long)))
+    return union(parts)
+
+
+def evaluate_steps(scheduler: DistilledScheduler, priced: PricedSteps) -> dict[str, Any]:
+    """Per-step policies on ``priced``: mean value, regret against the best kind, and how often each kind is taken."""
+    kinds = list(priced.values)
+    values = torch.stack([priced.values[k] for k in kinds])  # [kinds, n]
+    n = values.shape[1]
+    predicted = torch.stack([torch.zeros(n) if k == "weak" else
+                             scheduler.predict(torch.cat([priced.features, kind_one_hot(k).expand(n, -1)], dim=1))
+                             for k in kinds])  # [kinds, n] margins over a weak step
+    choices = {"mlp": predicted.argmax(0), "oracle": values.argmax(0),
+               **{f"always-{k}": torch.full((n,), i) for i, k in enumerate(kinds)}}
+    real = torch.tensor([kinds.index(k) if k in kinds else -1 for k in priced.real_kind])
+    if bool((real >= 0).all()):
+        choices["collected"] = real
+    best = values.max(0).values
+    policies = {}
+    for name, chosen in choices.items():
+        value = values.gather(0, chosen[None])[0]
+        policies[name] = {"value": float(value.mean()), "regret": float((best - value).mean()),
+                          **{f"share_{k}": float((chosen == i).float().mean()) for i, k in enumerate(kinds)}}
+    return {"steps": n, "policies": policies}
+
+
 def split(decisions: Decisions, holdout: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Boolean [n] masks (train, held out): whole prompts held out, or rows when there is only one prompt."""
     n = len(decisions.groups)
@@ -154,7 +193,7 @@ def evaluate(scheduler: DistilledScheduler, decisions: Decisions) -> dict[str, A
 
 def distill(
     tables: Sequence, tree: dict, profiles: Sequence[CostProfile], settings: DistillSettings, cost_profile: dict[str, Any],
-    sources: Sequence[str] = (),
+    sources: Sequence[str] = (), decide: str = "layer", full_layers: Sequence[int] = (),
 ) -> DistilledScheduler:
     """Fit on the training split of every table (one per iteration, ``sources`` their names), evaluate on both
     splits and on each iteration's held-out rows; the report travels inside the artifact.
@@ -164,14 +203,22 @@ def distill(
     if len({_has_rate([table]) for table in tables}) > 1:
         raise ConfigError("some rollout directories lack the real step's outcome (collected by an older treegraft)",
                           "collect them again, or distill them apart")
-    decisions = union([decisions_from_rows(table, tree, profiles, i, settings.feature_set) for i, table in enumerate(tables)])
+    rows = step_decisions if decide == "step" else decisions_from_rows
+    decisions = union([rows(table, tree, profiles, i, settings.feature_set) for i, table in enumerate(tables)])
     train_mask, test_mask = split(decisions, settings.holdout, settings.seed)
     train, test = decisions.subset(train_mask), decisions.subset(test_mask)
     mlp, normaliser = fit(train, settings)
-    scheduler = DistilledScheduler(mlp, normaliser, cost_profile, feature_set=settings.feature_set)
+    scheduler = DistilledScheduler(mlp, normaliser, cost_profile, feature_set=settings.feature_set, decides=decide,
+                                   full_layers=tuple(full_layers))
     names = list(sources) or [str(i) for i in range(len(tables))]
     by_iteration = [{"rollouts": name, **evaluate(scheduler, test.subset(test.sources == i))}
                     for i, name in enumerate(names) if bool((test.sources == i).any())]
+    if decide == "step":  # the per-step view of the held-out prompts, under the collection's profile
+        held = set(test.groups)
+        steps = [price_steps(table, profiles[0], tree, settings.feature_set) for table in tables]
+        masks = [torch.tensor([str(k) in held for k in table_columns(table)["key"]]) for table in tables]
+        by_iteration = [{"rollouts": name, **evaluate_steps(scheduler, priced.subset(mask))}
+                        for name, priced, mask in zip(names, steps, masks, strict=True) if bool(mask.any())]
     scheduler.report = {"train": evaluate(scheduler, train), "held_out": evaluate(scheduler, test),
                         "held_out_by_iteration": by_iteration, "value": VALUE_RATE if _has_rate(tables) else VALUE_RATIO,
                         "settings": {"holdout": settings.holdout, "epochs": settings.epochs, "seed": settings.seed,

@@ -27,6 +27,7 @@ import torch
 
 from ..errors import ConfigError
 from ..grafting.config import parse_layers
+from ..grafting.scheduler import kind_one_hot
 from ..methods.treegraft import COST_CONTEXT
 from .artifact import DistilledScheduler
 from .cost_profile import CostProfile
@@ -35,7 +36,8 @@ from .values import REAL_COLUMNS, decision_values, running_rates
 
 FIXED_POLICIES = ("always-call", "never-call", "oracle", "collected")
 # the bench contender each replay policy stands for when a bench's results are given (``measured_speedups``)
-DEFAULT_MATCHES = MappingProxyType({"never-call": "all-small", "always-call": "all-mid", "collected": "treegraft"})
+DEFAULT_MATCHES = MappingProxyType({"never-call": "all-small", "always-call": "all-mid", "collected": "treegraft",
+                                    "always-weak": "all-small"})
 
 
 @dataclass(frozen=True)
@@ -74,40 +76,138 @@ class Priced:
         return decision_values(self.tau_skip, self.ms_skip, self.rate)
 
 
-def price(table, profile: CostProfile, tree: dict, feature_set: str = "paper") -> Priced:
-    """Every row's outcomes re-priced under ``profile``: times, the running rate and the cost features
-    (``feature_set``: the paper's 17 features, or ``extended`` with the rows' history features after them)."""
-    table = table_columns(table)
-    width, budget = int(tree["top_k"]), int(tree["budget"])
-    contexts = [int(c) for c in table["context_length"]]
+class Pricing:
+    """One table's rows under one cost profile: any action's modelled ms, the running rate, the features."""
 
-    def ms(action: str) -> torch.Tensor:
+    def __init__(self, table, profile: CostProfile, tree: dict, feature_set: str = "paper"):
+        self.table = table_columns(table)
+        self.profile = profile
+        self.width, self.budget = int(tree["top_k"]), int(tree["budget"])
+        self.contexts = [int(c) for c in self.table["context_length"]]
+        self.feature_set = feature_set
+
+    def ms(self, action: str) -> torch.Tensor:  # [n]
+        table = self.table
         nodes, calls, weak = table[f"nodes_{action}"], table[f"calls_{action}"], table[f"weak_{action}"]
-        return torch.tensor([profile.step_ms(n + 1, c, w, width, ctx) for n, c, w, ctx in zip(nodes, calls, weak, contexts, strict=True)])
+        return torch.tensor([self.profile.step_ms(n + 1, c, w, self.width, ctx)
+                             for n, c, w, ctx in zip(nodes, calls, weak, self.contexts, strict=True)])
 
-    rate = None
-    if all(name in table for name in REAL_COLUMNS):
+    def tau(self, action: str) -> torch.Tensor:  # [n]
+        return torch.tensor(self.table[f"tau_{action}"], dtype=torch.float32)
+
+    def rate(self) -> torch.Tensor | None:  # [n] R of each row's generation; None for rows without the real outcome
+        table = self.table
+        if not all(name in table for name in REAL_COLUMNS):
+            return None
         generations = list(zip(table["key"], table["turn"], strict=True))
-        rate = running_rates(generations, table["step"], torch.tensor(table["tau_real"], dtype=torch.float32), ms("real"))
-    features = torch.tensor(table["features"], dtype=torch.float32)
-    costs = profile.cost_model(budget, width, COST_CONTEXT)  # the scheduler's cost features under this profile
-    features[:, 1:4] = torch.tensor([costs.verify_ms, costs.strong_ms, costs.log_ratio])
-    if feature_set != "paper":
+        return running_rates(generations, table["step"], self.tau("real"), self.ms("real"))
+
+    def features(self) -> torch.Tensor:  # [n, features] with the profile's cost features
+        table = self.table
+        features = torch.tensor(table["features"], dtype=torch.float32)
+        costs = self.profile.cost_model(self.budget, self.width, COST_CONTEXT)
+        features[:, 1:4] = torch.tensor([costs.verify_ms, costs.strong_ms, costs.log_ratio])
+        if self.feature_set == "paper":
+            return features
         if "history" not in table:
             raise ConfigError("these rollouts hold no history features (collected by an older treegraft)",
                               "collect them again, or distill with --features paper")
-        features = torch.cat([features, torch.tensor(table["history"], dtype=torch.float32)], dim=1)
+        return torch.cat([features, torch.tensor(table["history"], dtype=torch.float32)], dim=1)
+
+    def ar_ms(self) -> torch.Tensor:  # [n] plain decoding's ms per token at each row's context
+        return torch.tensor([self.profile.target_forward_ms(1, c) for c in self.contexts])
+
+
+def price(table, profile: CostProfile, tree: dict, feature_set: str = "paper") -> Priced:
+    """Every row's outcomes re-priced under ``profile``: times, the running rate and the cost features
+    (``feature_set``: the paper's 17 features, or ``extended`` with the rows' history features after them)."""
+    pricing = Pricing(table, profile, tree, feature_set)
     return Priced(
-        tau_call=torch.tensor(table["tau_call"], dtype=torch.float32),
-        tau_skip=torch.tensor(table["tau_skip"], dtype=torch.float32),
-        ms_call=ms("call"),
-        ms_skip=ms("skip"),
-        ar_ms=torch.tensor([profile.target_forward_ms(1, c) for c in contexts]),
-        layers=torch.tensor(table["layer"]),
-        real_call=torch.tensor(table["real_call"], dtype=torch.bool),
-        features=features,
-        rate=rate,
+        tau_call=pricing.tau("call"),
+        tau_skip=pricing.tau("skip"),
+        ms_call=pricing.ms("call"),
+        ms_skip=pricing.ms("skip"),
+        ar_ms=pricing.ar_ms(),
+        layers=torch.tensor(pricing.table["layer"]),
+        real_call=torch.tensor(pricing.table["real_call"], dtype=torch.bool),
+        features=pricing.features(),
+        rate=pricing.rate(),
     )
+
+
+@dataclass(frozen=True)
+class PricedSteps:
+    """Per-step rows (``collect --decide step``) under one profile: each step kind's value; all [n]."""
+
+    values: Mapping[str, torch.Tensor]  # kind → V = τ − R·T (or τ/T without the real outcome)
+    features: torch.Tensor  # [n, features] the layer-1 features
+    real_kind: list[str]  # the kind the collecting policy took ("" when its step matched none)
+    tau: Mapping[str, torch.Tensor]  # kind → accepted length
+    ms: Mapping[str, torch.Tensor]  # kind → modelled step ms
+    ar_ms: torch.Tensor  # plain decoding's ms per token
+
+    def subset(self, mask: torch.Tensor) -> PricedSteps:
+        keep = mask.nonzero().flatten().tolist()
+        pick = {name: {k: v[mask] for k, v in getattr(self, name).items()} for name in ("values", "tau", "ms")}
+        return PricedSteps(pick["values"], self.features[mask], [self.real_kind[i] for i in keep], pick["tau"],
+                           pick["ms"], self.ar_ms[mask])
+
+
+def price_steps(table, profile: CostProfile, tree: dict, feature_set: str = "paper") -> PricedSteps:
+    pricing = Pricing(table, profile, tree, feature_set)
+    kinds = [name[len("tau_kind_"):] for name in pricing.table if name.startswith("tau_kind_")]
+    if not kinds:
+        raise ConfigError("these rollouts hold no per-step rows", "collect them with `treegraft collect --decide step`")
+    rate = pricing.rate()
+    tau = {k: pricing.tau(f"kind_{k}") for k in kinds}
+    ms = {k: pricing.ms(f"kind_{k}") for k in kinds}
+    values = {k: decision_values(tau[k], ms[k], rate) for k in kinds}
+    calls = {k: pricing.table[f"calls_kind_{k}"] for k in kinds}
+    real = [next((k for k in kinds if calls[k][i] == c), "") for i, c in enumerate(pricing.table["calls_real"])]
+    return PricedSteps(values, pricing.features(), real, tau, ms, pricing.ar_ms())
+
+
+def step_policies(table) -> list[str]:
+    """The fixed per-step policies of a per-step rollout table: always-KIND for each kind it holds, oracle, collected."""
+    kinds = [name[len("tau_kind_"):] for name in table.column_names if name.startswith("tau_kind_")]
+    return [*(f"always-{k}" for k in kinds), "oracle", "collected"]
+
+
+def choose_kind(policy: str, priced: PricedSteps, scheduler: DistilledScheduler | None) -> list[str]:
+    """[n] the step kind ``policy`` takes at each per-step row."""
+    kinds = list(priced.values)
+    n = priced.features.shape[0]
+    if policy == "oracle":
+        return [kinds[i] for i in torch.stack([priced.values[k] for k in kinds]).argmax(0).tolist()]
+    if policy == "collected":
+        return [k or "weak" for k in priced.real_kind]
+    if policy.startswith("always-") and policy[len("always-"):] in kinds:
+        return [policy[len("always-"):]] * n
+    if policy == "learned":
+        if scheduler is None or scheduler.decides != "step":
+            raise ConfigError("policy 'learned' on per-step rollouts needs a per-step scheduler",
+                              "pass --scheduler FILE from `treegraft distill` of `collect --decide step` rollouts")
+        margins = torch.stack([torch.zeros(n) if k == "weak" else scheduler.predict(
+            torch.cat([priced.features, kind_one_hot(k).expand(n, -1)], dim=1)) for k in kinds])
+        return [kinds[i] for i in margins.argmax(0).tolist()]
+    raise ConfigError(f"unknown per-step replay policy {policy!r}",
+                      f"use oracle, collected, learned or always-KIND with KIND one of {', '.join(kinds)}")
+
+
+def replay_steps(table, tree: dict, profile: CostProfile, policies: Sequence[str],
+                 scheduler: DistilledScheduler | None = None) -> list[ReplayResult]:
+    """``replay`` for per-step rollouts: each policy's chosen kinds, Σ τ·ar_ms / Σ T (call rate: share of strong kinds)."""
+    priced = price_steps(table, profile, tree, scheduler.feature_set if scheduler is not None else "paper")
+    results = []
+    for policy in policies:
+        chosen = choose_kind(policy, priced, scheduler)
+        tau = torch.stack([priced.tau[k][i] for i, k in enumerate(chosen)])
+        ms = torch.stack([priced.ms[k][i] for i, k in enumerate(chosen)])
+        total_ms = float(ms.sum())
+        speedup = float((tau * priced.ar_ms).sum()) / total_ms if total_ms > 0 else math.nan
+        strong = sum(k != "weak" for k in chosen) / max(1, len(chosen))
+        results.append(ReplayResult(policy, speedup, 1000.0 * float(tau.sum()) / total_ms, float(tau.mean()), strong))
+    return results
 
 
 def choose(policy: str, priced: Priced, scheduler: DistilledScheduler | None) -> torch.Tensor:

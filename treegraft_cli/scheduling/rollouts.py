@@ -25,6 +25,11 @@ rate R). A one-step ratio τ/T instead favours small cheap trees even where the 
 larger tree worth its time. ``distill`` and ``replay`` price T and R under any cost profile from the
 stored counts, so the same rollouts label decisions for other hardware.
 
+Per-step decisions (``--decide step``, for ``step_rule.LearnedStepRule``): at a probed step each step kind
+of the step rule (weak: no strong call; short: a call at layer 1; full: calls at ``layers``, default
+1..D−1) is built with every layer forced, verified and priced the same way; one row per step holds every
+kind's outcome and value, with the layer-1 features.
+
 The scheduler's cost features are the profile's costs after ``COST_CONTEXT`` tokens, what the method's
 warm-up measures at run time; the labels' modelled times use the real context length.
 Layers where a call is impossible (no grafting position) give no row. The features of the row are the
@@ -47,6 +52,7 @@ from ..config import DecodeConfig
 from ..engine import SpeculativeDecoder
 from ..errors import ConfigError
 from ..grafting.scheduler import FEATURE_NAMES, HISTORY_FEATURE_NAMES, CallPolicy, make_policy
+from ..grafting.step_rule import kind_layers
 from ..methods import Method, Observation, Prefill
 from ..methods.treegraft import COST_CONTEXT, TreeGraftMethod
 from ..pipeline import Pipeline, chat_messages
@@ -78,6 +84,7 @@ class CollectSettings:
     continuation: str = "policy"  # POLICY_ITSELF or a policy spec
     every: int = 1  # probe every ``every``-th step
     fmt: str = "parquet"
+    decide: str = "layer"  # label each layer's call/skip ("layer") or each step's kind ("step")
 
     def document(self, costs: CostProfile) -> dict[str, Any]:
         tree = self.config.tree
@@ -89,6 +96,7 @@ class CollectSettings:
             "method_options": dict(self.config.method_options),
             "continuation": self.continuation,
             "every": self.every,
+            "decide": self.decide,
             "feature_names": list(FEATURE_NAMES),
             "history_feature_names": list(HISTORY_FEATURE_NAMES),
             "cost_profile": profile_document(costs),
@@ -96,6 +104,7 @@ class CollectSettings:
 
 
 POLICY_ITSELF = "policy"  # the continuation after a probed layer is the real policy
+SHORT_LAYERS = (1,)  # a short step's layers in per-step rollouts (the step rule's default)
 
 
 @dataclass(frozen=True)
@@ -118,10 +127,10 @@ class ProbingMethod(Method):
     options_class = TreeGraftMethod.options_class  # it decodes with the wrapped method's settings
 
     def __init__(self, inner: TreeGraftMethod, target, backend, costs: CostProfile, continuation: CallPolicy | None,
-                 every: int):
+                 every: int, decide: str = "layer"):
         super().__init__(inner.models, inner.config)
         self.inner, self.target, self.backend = inner, target, backend
-        self.costs, self.every = costs, every
+        self.costs, self.every, self.decide = costs, every, decide
         self.fixed_continuation = continuation  # None: the real policy continues (``POLICY_ITSELF``)
         self.rows: list[dict[str, Any]] = []
         self.step = 0
@@ -150,8 +159,9 @@ class ProbingMethod(Method):
         if self.step % self.every == 0:
             self.taus = {}
             real = {r.layer: r.called for r in records}
-            for record in records:
-                row = self.probe(committed, real, record.layer)
+            probes = [(records[0], self.probe_step(committed))] if self.decide == "step" else [
+                (record, self.probe(committed, real, record.layer)) for record in records]
+            for record, row in probes:
                 if row is not None:
                     self.step_rows.append({**row, "step": self.step, "features": record.features.tolist(),
                                            "history": history, "real_call": record.called})
@@ -160,6 +170,26 @@ class ProbingMethod(Method):
             self.real = Outcome(0, tree.size, calls, len(records) - calls)
         self.step += 1
         return tree
+
+    def probe_step(self, committed: torch.Tensor) -> dict[str, Any] | None:
+        """Every step kind built with all its layers forced (the rest of the step is the kind), verified, priced.
+
+        None when no kind could call the strong drafter (there is nothing to decide)."""
+        depth = self.config.tree.depth
+        outcomes = {}
+        for name, called in kind_layers(self.inner.options.layers, SHORT_LAYERS, depth).items():
+            forced = {layer: layer in called for layer in range(1, depth + 1)}
+            tree, records = self.inner.build(committed, policy=self.continuation, forced=forced)
+            calls = sum(r.called for r in records)
+            outcomes[name] = Outcome(self.accepted(tree), tree.size, calls, len(records) - calls)
+        if all(o.calls == 0 for o in outcomes.values()):
+            return None
+        width, context = self.config.tree.top_k, int(committed.numel())
+        row: dict[str, Any] = {"layer": 1, "context_length": context}
+        for name, o in outcomes.items():
+            ms = self.costs.step_ms(o.nodes + 1, o.calls, o.weak, width, context)
+            row.update({**o.columns(f"kind_{name}"), f"ms_kind_{name}": ms})
+        return row
 
     def probe(self, committed: torch.Tensor, real: Mapping[int, bool], layer: int) -> dict[str, Any] | None:
         forced = {b: real[b] for b in range(1, layer)}
@@ -212,11 +242,16 @@ class ProbingMethod(Method):
         ms_real = torch.tensor([self.costs.step_ms(r["nodes_real"] + 1, r["calls_real"], r["weak_real"], width,
                                                    r["context_length"]) for r in rows])
         rate = running_rates([0] * len(rows), [r["step"] for r in rows], column("tau_real"), ms_real)
-        value_call = decision_values(column("tau_call"), column("ms_call"), rate)
-        value_skip = decision_values(column("tau_skip"), column("ms_skip"), rate)
-        return [{**row, "ms_real": float(ms_real[i]), "rate": float(rate[i]), "value_call": float(value_call[i]),
-                 "value_skip": float(value_skip[i]), "margin": float(value_call[i] - value_skip[i])}
-                for i, row in enumerate(rows)]
+        actions = [a[len("tau_"):] for a in rows[0] if a.startswith("tau_") and a != "tau_real"]
+        values = {a: decision_values(column(f"tau_{a}"), column(f"ms_{a}"), rate) for a in actions}
+        labelled = []
+        for i, row in enumerate(rows):
+            row = {**row, "ms_real": float(ms_real[i]), "rate": float(rate[i]),
+                   **{f"value_{a}": float(v[i]) for a, v in values.items()}}
+            if "call" in values:
+                row["margin"] = row["value_call"] - row["value_skip"]
+            labelled.append(row)
+        return labelled
 
     def readback(self, tree, verdict, logits):
         return self.inner.readback(tree, verdict, logits)
@@ -264,7 +299,8 @@ def probing_decoder(pipeline: Pipeline, settings: CollectSettings, costs: CostPr
     decoder = pipeline.decoder(config)
     itself = settings.continuation == POLICY_ITSELF
     continuation = None if itself else make_policy(settings.continuation, decoder.method.options)
-    probe = ProbingMethod(decoder.method, decoder.target, decoder.backend, costs, continuation, settings.every)
+    probe = ProbingMethod(decoder.method, decoder.target, decoder.backend, costs, continuation, settings.every,
+                          settings.decide)
     decoder.method = probe
     return decoder, probe
 

@@ -236,7 +236,8 @@ def read_iterations(roots: Sequence[Path]) -> tuple[dict[str, Any], list[dataset
         settings, table = read_rollouts(root)
         if first is None:
             first = settings
-        differing = [name for name in ("pair", "dtype", "tree", "feature_names") if settings.get(name) != first.get(name)]
+        shared = {"pair": None, "dtype": None, "tree": None, "feature_names": None, "decide": "layer"}  # → default
+        differing = [name for name, default in shared.items() if settings.get(name, default) != first.get(name, default)]
         if differing:
             raise ConfigError(f"{root} was collected with another {', '.join(differing)} than {roots[0]}",
                               "distill together only iterations of one pair and tree shape")
