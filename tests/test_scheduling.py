@@ -141,7 +141,7 @@ def test_a_step_drafted_again_gives_the_same_tree(tiny_self_pair):
 
 def test_collect_writes_labelled_shards(rollouts):
     out, _, first = rollouts
-    assert first["collected"] == len(QUESTIONS) and first["rows"] > 0
+    assert first["collected"] == len(QUESTIONS) and first["rows"] > 0 and first["seconds"] > 0
     settings, table = read_rollouts(out)
     assert settings["feature_names"] == list(FEATURE_NAMES) and settings["tree"]["depth"] == 3
     assert len(table) == first["rows"] and len(set(table["key"])) == len(QUESTIONS)

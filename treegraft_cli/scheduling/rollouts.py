@@ -41,6 +41,7 @@ engine verifies and commits: decoding stays lossless and the trajectory is the r
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -277,6 +278,7 @@ class CollectReport:
     rows: int = 0  # rows written in this run
     waited: int = 0  # prompts another live worker was collecting: waited for, taken over only if left unsealed
     cost_profile: str = ""  # identity of the cost profile the labels use
+    seconds: float = 0.0  # wall time of this run (collection time; what a rerun skips costs nothing)
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -320,6 +322,7 @@ def collect(
     ``costs_measured``: ``costs`` were measured by this run, not chosen; when another worker recorded the
     directory's settings first, its cost profile is taken instead, so all labels share one profile."""
     report_progress = progress or (lambda description, done, total: None)
+    started = time.perf_counter()
     out = Path(out)
     costs = _shared_settings(out, settings, costs, costs_measured)
     mine = [q for i, q in enumerate(questions) if i % shard[1] == shard[0]]
@@ -344,6 +347,7 @@ def collect(
         with claim_shard(out, key, wait=True):
             _collect_claimed(pipeline, decoder, probe, question, key, status, out, settings.fmt, report)
     report_progress("done", len(mine), len(mine))
+    report.seconds = time.perf_counter() - started
     return report
 
 
