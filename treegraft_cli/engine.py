@@ -14,7 +14,7 @@ from .backends import VerifyBackend, select_backend
 from .capture import bucket, check_mode
 from .config import DecodeConfig
 from .errors import ConfigError
-from .lm import CausalLM
+from .lm import CausalLM, inference
 from .methods import Method, Models, Observation, Prefill, create_method
 from .syncs import HostReads, audited_count, counting, fetch, host_value
 from .tree import DraftTree
@@ -168,6 +168,7 @@ class SpeculativeDecoder:
             logits, tokens, parents, uniforms, sampling.temperature, sampling.top_k, sampling.top_p, **extra
         )
 
+    @inference  # once per request: the model forwards inside pay no grad-mode switch each
     def generate(
         self,
         prompt_ids: torch.Tensor,  # [prompt_length]

@@ -11,6 +11,7 @@ layer-truncated drafter is not affected by the other's forwards.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -42,6 +43,25 @@ def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  #
     mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
     mask.masked_fill_(~visible, torch.finfo(dtype).min)
     return mask[None, None]
+
+
+def inference(method: Callable) -> Callable:
+    """``torch.no_grad()`` that only switches when grad mode is on: a decoding loop already running without
+    grad (``SpeculativeDecoder.generate``) pays no mode switch per forward."""
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        if not torch.is_grad_enabled():
+            return method(*args, **kwargs)
+        with torch.no_grad():
+            return method(*args, **kwargs)
+
+    return wrapper
+
+
+def on_device_of(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor.to(device)``, skipping the call when it is there already (a no-op copy still costs a torch call)."""
+    return tensor if tensor.device == device else tensor.to(device, non_blocking=True)
 
 
 def decoder_layers(model: PreTrainedModel) -> Sequence[torch.nn.Module]:
@@ -114,28 +134,32 @@ class CausalLM:
         self.cache = self._static_cache
         self._crop_layers(self._filled_layers(), 0)  # the last request's rows: the write position goes back
 
-    @torch.no_grad()
+    @inference
     def forward(
         self,
         input_ids: torch.Tensor,  # [n]
         position_ids: torch.Tensor | None = None,  # [n]; default: continue after the cache
         visible: torch.Tensor | None = None,  # [n, cache_length + n] bool; default: causal
         logits_to_keep: int = 0,
+        mask: torch.Tensor | None = None,  # [n, cache_length + n] additive, in self.dtype: instead of ``visible``
     ) -> torch.Tensor:
         """Append ``input_ids`` to the cache and return their logits ``[n, vocab]``.
 
         ``logits_to_keep`` > 0 returns only the last that many rows: a drafter catching up on a long
         prompt needs the last row alone, and the LM head over every prompt row would cost as much as a
-        third of the forward.
+        third of the forward. A caller that builds the additive ``mask`` itself spares the bool one's conversion.
         """
-        attention_mask = None if visible is None else additive_mask(visible, self.dtype)
+        if mask is not None:
+            attention_mask = mask[None, None]
+        else:
+            attention_mask = None if visible is None else additive_mask(visible, self.dtype)
         if attention_mask is not None and self.verifier is not None:  # a static cache: the mask spans all of it
             wide = attention_mask.new_full((*attention_mask.shape[:-1], self.verifier.capacity), torch.finfo(self.dtype).min)
             wide[..., : attention_mask.shape[-1]] = attention_mask
             attention_mask = wide
         return self._forward(input_ids, position_ids, attention_mask, logits_to_keep)
 
-    @torch.no_grad()
+    @inference
     def _forward(
         self,
         input_ids: torch.Tensor,  # [n]
@@ -221,7 +245,7 @@ class CausalLM:
         mask[:, prefix:].masked_fill_(~ancestor_mask, torch.finfo(self.dtype).min)
         return self._forward(tokens, prefix + depths, mask[None, None])
 
-    @torch.no_grad()
+    @inference
     def _forward_static(self, tokens, depths, ancestor_mask, prefix: int) -> torch.Tensor:  # -> [n, vocab]
         """The padded verify forward; the cache then holds the bucket's rows (the commit cuts the padding)."""
         events = self._device_timing()
@@ -232,7 +256,7 @@ class CausalLM:
         self._count_forward(events, started)
         return logits
 
-    @torch.no_grad()
+    @inference
     def commit(self, keep_positions: torch.Tensor, start: int, gather: GatherRows | None = None) -> None:
         """Move the cache rows at ``keep_positions`` ([m], ascending) to ``start..start+m`` and drop all rows after.
 

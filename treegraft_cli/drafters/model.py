@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..lm import CausalLM
+from ..lm import CausalLM, on_device_of
 from ..syncs import host_value, read
 from ..tree import DraftTree
 
@@ -31,6 +31,30 @@ def tree_visibility(
     slots = torch.where(tree.kv_slot >= 0, tree.kv_slot - first_row, width)  # [num_nodes]
     visible.scatter_(1, slots[None, :].expand(m, -1), ancestor_mask[nodes])
     return visible[:, :width]
+
+
+def hide_all(rows: int, end_row: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``[rows, end_row + 1]`` additive mask hiding every cache row, plus one scratch column (see ``show_tree``)."""
+    return torch.full((rows, end_row + 1), torch.finfo(dtype).min, dtype=dtype, device=device)
+
+
+def show_tree(
+    mask: torch.Tensor,  # [m, end_row + 1] additive, from ``hide_all``; written in place
+    tree: DraftTree,
+    nodes: torch.Tensor,  # [m] node indices, their kv_slot already set
+    ancestor_mask: torch.Tensor,  # [num_nodes, num_nodes]
+    first_row: int,  # the first cache row a tree node may hold (rows before it are committed)
+) -> None:
+    """Unhide what each of ``nodes`` sees: the committed rows before ``first_row``, its ancestors' rows and its own.
+
+    The additive mask is written directly (``tree_visibility`` as floats, without a bool mask to convert);
+    non-ancestors and nodes without a row are pointed at the scratch column: no data-dependent indexing.
+    """
+    end_row = mask.shape[1] - 1
+    mask[:, :first_row] = 0
+    slots = torch.where(tree.kv_slot >= 0, tree.kv_slot, end_row)  # [num_nodes]
+    columns = torch.where(ancestor_mask[nodes], slots, end_row)  # [m, num_nodes]
+    mask.scatter_(1, on_device_of(columns, mask.device), 0.0)
 
 
 class ModelDrafter:
@@ -54,7 +78,7 @@ class ModelDrafter:
         self.calls = 0
         self.lm.crop(self.committed_length)
         pending = committed[self.committed_length:]
-        logits = self.lm.forward(pending.to(self.device), logits_to_keep=1)
+        logits = self.lm.forward(on_device_of(pending, self.device), logits_to_keep=1)
         self.calls += 1
         self.committed_length = committed.shape[0]
         return logits[-1]
@@ -71,22 +95,22 @@ class ModelDrafter:
             ancestor_mask = tree.ancestor_mask()
         cache_length = self.lm.cache_length
         m = nodes.shape[0]
-        tree.kv_slot[nodes] = torch.arange(cache_length, cache_length + m, device=tree.device)
-        visible = torch.ones(m, cache_length + m, dtype=torch.bool, device=self.device)
-        visible[:, self.committed_length :] = tree_visibility(
-            tree, nodes, ancestor_mask, self.committed_length, cache_length + m
-        ).to(self.device)
-        positions = self.committed_length - 1 + tree.depths[nodes]
-        logits = self.lm.forward(tree.tokens[nodes].to(self.device), positions.to(self.device), visible)
+        end = cache_length + m
+        tree.kv_slot[nodes] = torch.arange(cache_length, end, device=tree.device)
+        mask = hide_all(m, end, self.lm.dtype, self.device)
+        show_tree(mask, tree, nodes, ancestor_mask, self.committed_length)
+        positions = on_device_of(tree.depths[nodes] + (self.committed_length - 1), self.device)
+        tokens = on_device_of(tree.tokens[nodes], self.device)
+        logits = self.lm.forward(tokens, positions, mask=mask[:, :end])
         self.calls += 1
         return logits
 
     def commit(self, tree: DraftTree, path: torch.Tensor, forwarded: int | None = None) -> None:  # path: [m]
         """Keep the rows of the accepted ``path`` (node indices, root excluded) that the drafter forwarded: its
         longest such prefix, ``forwarded`` nodes long when the caller knows it (else one read)."""
-        slots = tree.kv_slot[path.to(tree.device)]
+        slots = tree.kv_slot[on_device_of(path, tree.device)]
         if forwarded is None:
             prefix = torch.cumprod(slots >= 0, 0).sum() if path.numel() else slots.new_zeros(())
             forwarded = int(host_value(prefix) if tree.host else read(prefix))
-        self.lm.commit(slots[:forwarded].to(self.device), self.committed_length)
+        self.lm.commit(on_device_of(slots[:forwarded], self.device), self.committed_length)
         self.committed_length += forwarded

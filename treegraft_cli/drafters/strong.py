@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import torch
 
+from ..lm import on_device_of
 from ..tree import DraftTree
-from .model import ModelDrafter, tree_visibility
+from .model import ModelDrafter, hide_all, show_tree
 
 
 class TreeDrafter(ModelDrafter):
@@ -49,7 +50,7 @@ class TreeDrafter(ModelDrafter):
         length = committed.shape[0]
         if self.committed_length == length and self.root_length == length and self.logp.numel() == 0:
             self.logp = self.root_logp[None]
-        pending = committed[self.committed_length :].to(self.device)
+        pending = on_device_of(committed[self.committed_length :], self.device)
         p, m = pending.shape[0], nodes.shape[0]
         if p + m == 0:
             if self.logp.numel():  # a redraft of this step's first call: the kept root row is all it needs
@@ -58,19 +59,21 @@ class TreeDrafter(ModelDrafter):
         cache_length = self.lm.cache_length
         total = cache_length + p + m
         tree.kv_slot[nodes] = torch.arange(cache_length + p, total, device=tree.device)
-        visible = torch.zeros(p + m, total, dtype=torch.bool, device=self.device)
-        visible[:, : self.committed_length] = True
-        visible[:p, cache_length : cache_length + p] = torch.ones(p, p, dtype=torch.bool, device=self.device).tril()
-        visible[p:, cache_length : cache_length + p] = True
-        # node rows start after the committed tokens, pending ones included: the tree part of the mask
-        visible[p:, length:] = tree_visibility(tree, nodes, ancestor_mask, length, total).to(self.device)
-        positions = torch.cat([
-            torch.arange(self.committed_length, length, device=self.device),
-            (length - 1 + tree.depths[nodes]).to(self.device),
-        ])
+        mask = hide_all(p + m, total, self.lm.dtype, self.device)
+        if p:  # pending rows: the committed rows and the pending ones up to their own (causal)
+            mask[:p, : self.committed_length] = 0
+            mask[:p, cache_length : cache_length + p] = mask.new_full((p, p), torch.finfo(mask.dtype).min).triu(1)
+        # node rows see every committed row, pending ones included, and their own ancestors'
+        show_tree(mask[p:], tree, nodes, ancestor_mask, length)
+        depths = tree.depths[nodes] + (length - 1)
+        if p:
+            committed_positions = torch.arange(self.committed_length, length, device=self.device)
+            positions = torch.cat([committed_positions, on_device_of(depths, self.device)])
+            tokens = torch.cat([pending, on_device_of(tree.tokens[nodes], self.device)])
+        else:
+            positions, tokens = on_device_of(depths, self.device), on_device_of(tree.tokens[nodes], self.device)
         kept = m + (1 if p else 0)  # the root's row (last pending) and the nodes': never the prompt's
-        tokens = torch.cat([pending, tree.tokens[nodes].to(self.device)])
-        logits = self.lm.forward(tokens, positions, visible, logits_to_keep=kept)
+        logits = self.lm.forward(tokens, positions, logits_to_keep=kept, mask=mask[:, :total])
         self.calls += 1
         self.committed_length = length
         logp = torch.log_softmax(logits.float(), dim=-1)
