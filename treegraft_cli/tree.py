@@ -289,6 +289,42 @@ class DraftTree:
             self.scores.scatter_reduce_(0, node, scores, reduce="amax")
             return node
 
+    def add_rescored_children(
+        self,
+        parents: list[int],  # [m] node indices
+        tokens: list[int],  # [m]
+        scores: list[float],  # [m] float32 values
+        origin: int,
+        node_scores: list[float],  # [num_nodes] float32 values: every node's score before the merge
+    ) -> list[int]:
+        """``add_children(..., rescore=True)`` on a host tree, from host lists, after setting every node's score
+        to ``node_scores``: the scores are settled in Python and written as one column (a strong call's merge
+        touches a few dozen nodes, cheaper in Python than in per-step tensor ops). Returns each request's node.
+        """
+        with host_only():
+            index = self._indexed_keys()
+            n, final = self._n, list(node_scores)
+            new_parents, new_tokens, nodes = [], [], []
+            best: dict[int, float] = {}  # touched node → the best score offered to it
+            for key, score in zip(zip(parents, tokens, strict=True), scores, strict=True):
+                node = index.get(key)
+                if node is None:  # a new node, numbered in request order
+                    node = index[key] = n + len(new_parents)
+                    new_parents.append(key[0])
+                    new_tokens.append(key[1])
+                    final.append(score)
+                nodes.append(node)
+                best[node] = max(best.get(node, float("-inf")), score)
+            for node, score in best.items():
+                final[node] = score
+            if new_parents:
+                self._reserve(len(new_parents))
+                self._write(n, torch.tensor(new_parents), torch.tensor(new_tokens),
+                            torch.tensor(final[n:], dtype=torch.float32), origin)
+                self._indexed = self._n  # the index holds the new keys already
+            self.scores = torch.tensor(final, dtype=torch.float32)
+            return nodes
+
     def add_chains(
         self,
         parents: torch.Tensor,  # [c] node each chain hangs under

@@ -22,6 +22,7 @@ the strong score; nothing is deleted. The new children's K best are the next fro
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -30,13 +31,15 @@ import torch
 from ..config import TreeConfig
 from ..drafters import StrongDrafter
 from ..drafters.ngram import Continuation, NgramIndex, TargetLogProbCache
+from ..lm import on_device_of
 from ..syncs import fetch, host_only
-from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree
+from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree, _float32
 from .config import TreeGraftConfig
 from .scheduler import CallPolicy, CostModel, SchedulerState, WeakPreview, features
-from .tree_ops import cut_to_budget, graft_window, has_children, pad_column, top_nodes
+from .tree_ops import cut_to_budget, graft_window, top_nodes
 
 HOST = torch.device("cpu")
+SIDE_CAPACITY = 64  # nodes the side columns' buffers hold at first
 
 
 @dataclass
@@ -50,6 +53,7 @@ class Growth:
     rows: torch.Tensor  # [num_nodes] long: the node's strong log-prob row, -1 if never forwarded
     called: list[int] = field(default_factory=list)  # layers that called the strong drafter
     weak_expansions: int = 0
+    spare: dict[str, torch.Tensor] = field(default_factory=dict)  # buffers the side columns are views of
 
     @classmethod
     def start(cls, root_token: int, device: torch.device = HOST) -> Growth:
@@ -60,10 +64,18 @@ class Growth:
         return cls(tree, torch.zeros(1, dtype=torch.long, device=device), flags, flags.clone(), torch.full((1,), -1, device=device))
 
     def sync(self) -> None:
+        """Grow the side columns to the tree's size: views of buffers that double when full (no copy per layer)."""
         n = self.tree.num_nodes
-        self.expanded = pad_column(self.expanded, n, False)
-        self.weak_done = pad_column(self.weak_done, n, False)
-        self.rows = pad_column(self.rows, n, -1)
+        if self.rows.shape[0] == n:
+            return
+        for name, fill in (("expanded", False), ("weak_done", False), ("rows", -1)):
+            column = getattr(self, name)
+            buffer = self.spare.get(name)
+            if buffer is None or buffer.shape[0] < n:
+                buffer = torch.full((max(2 * n, SIDE_CAPACITY),), fill, dtype=column.dtype, device=column.device)
+                buffer[: column.shape[0]] = column
+                self.spare[name] = buffer
+            setattr(self, name, buffer[:n])
 
 
 @dataclass(frozen=True)
@@ -246,78 +258,105 @@ class LayerLoop:
     # -- call: the strong drafter -------------------------------------------------------------------
 
     def strong_layer(self, g: Growth, layer: int, committed: torch.Tensor, window: torch.Tensor | None = None) -> None:
-        """Call: one strong forward, then one read of what the host needs (see ``StrongLookup``).
+        """Call: one strong forward, then one read of what the host needs (see ``strong_lookup``).
 
-        ``window``: the layer's grafting window ([num_nodes] bool) when the caller has it already.
+        ``window``: the layer's grafting window ([num_nodes] bool) when the caller has it already. The host
+        tree's bookkeeping runs on host lists: a strong call touches a few dozen nodes, cheaper in Python
+        than in tensor ops of a few microseconds each.
         """
         tree, k = g.tree, self.shape.top_k
         with host_only():
             if window is None:
                 window = graft_window(tree, layer, self.options.lookback, self.options.max_depth, g.expanded)
-            pooled = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
-            pooled[top_nodes(tree.scores, window, self.pool)] = True
-            needed = (g.rows < 0) & (has_children(tree) | pooled)
-            needed[0] = False  # the root's row comes with the pending committed tokens
-            nodes = torch.nonzero(needed).flatten()
-        self.strong.forward(committed, tree, nodes, g.rows, tree.ancestor_mask())
+            parents, tokens, scores = tree.parents.tolist(), tree.tokens.tolist(), tree.scores.tolist()
+            in_window = torch.nonzero(window).flatten().tolist()  # ascending
+            nodes = needed_nodes(parents, scores, g.rows.tolist(), in_window, self.pool)
+        self.strong.forward(committed, tree, torch.tensor(nodes, dtype=torch.long), g.rows, tree.ancestor_mask())
         with host_only():
-            candidates = window & (g.rows >= 0)
-            depth = int(tree.depths.max())
-        found = strong_lookup(self.strong.logp, tree, g.rows, candidates, depth, k)
+            rows = g.rows.tolist()
+            candidates = [i for i in in_window if rows[i] >= 0]
+        found = strong_lookup(self.strong.logp, parents, tokens, rows, candidates, k)
         with host_only():
-            tree.scores = found.scores
-            positions = found.positions[found.allowed]
-            top_logp, top_tokens = found.top_logp[found.allowed], found.top_tokens[found.allowed]
-            child_scores = tree.scores[positions][:, None] + top_logp
-            child_parents = positions[:, None].expand_as(top_tokens)
-            children = tree.add_children(
-                child_parents.flatten(), top_tokens.flatten(), child_scores.flatten(), ORIGIN_MODEL, rescore=True
-            )
+            scores = rescored(scores, parents, found.local)
+            positions = reselect(scores, candidates, k)
+            child_parents, child_tokens, child_scores = [], [], []
+            for position in positions:
+                c = candidates.index(position)
+                child_parents += [position] * k
+                child_tokens += found.top_tokens[c]
+                child_scores += [_float32(scores[position] + logp) for logp in found.top_logp[c]]
+            children = tree.add_rescored_children(child_parents, child_tokens, child_scores, ORIGIN_MODEL, scores)
             g.sync()
-            g.expanded[positions] = True
-            allowed = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
-            allowed[children] = True
-            g.frontier = top_nodes(tree.scores, allowed, k)
+            if positions:
+                g.expanded[torch.tensor(positions)] = True
+            g.frontier = torch.tensor(best_nodes(tree.scores.tolist(), sorted(set(children)), k), dtype=torch.long)
 
 
 @dataclass(frozen=True)
 class StrongLookup:
-    """What one strong call sends back to the host, read at once: every node's score rescored with the strong
-    log-probs, the grafting positions a reselection picks, and their top-K children."""
+    """What one strong call sends back to the host, read at once: each non-root node's strong log-prob given its
+    parent, and the top-K children of every grafting candidate."""
 
-    scores: torch.Tensor  # [num_nodes] float32
-    positions: torch.Tensor  # [K] node indices, best first
-    allowed: torch.Tensor  # [K] bool: the position is a real candidate (fewer than K may exist)
-    top_logp: torch.Tensor  # [K, K] the positions' top-K strong log-probs
-    top_tokens: torch.Tensor  # [K, K]
+    local: list[float]  # [num_nodes - 1] nodes 1.. in order
+    top_logp: list[list[float]]  # [candidates, K] the candidates' top-K strong log-probs
+    top_tokens: list[list[int]]  # [candidates, K]
 
 
 def strong_lookup(
     logp: torch.Tensor,  # [rows, vocab] the strong drafter's log-probs, on its device
-    tree: DraftTree,  # the host tree
-    rows: torch.Tensor,  # [num_nodes] each node's row in ``logp``, -1 if none (host)
-    candidates: torch.Tensor,  # [num_nodes] bool: nodes a reselection may pick (host)
-    max_depth: int,
+    parents: list[int],  # [num_nodes] the host tree's columns
+    tokens: list[int],  # [num_nodes]
+    rows: list[int],  # [num_nodes] each node's row in ``logp``, -1 if none
+    candidates: list[int],  # [c] nodes a reselection may pick (each has a row)
     k: int,
 ) -> StrongLookup:
-    """Rescore every node (cumulative strong log-prob along its root path), reselect the ``k`` best candidates
-    and take their top-``k`` children, on the device; one read brings the results to the host.
+    """Gather every node's local strong log-prob and every candidate's top-``k`` children on the device; one read.
 
-    Ties in the reselection go to the lower index (the shallower), as ``top_nodes`` does.
+    The reselection itself needs the rescored scores, a sequential sum down each path: the host does it
+    (``rescored``, ``reselect``) on what this returns, so the device pass needs no loop over depths.
     """
-    device = logp.device
+    device, m = logp.device, len(parents) - 1
+    index = on_device_of(torch.tensor([rows[p] for p in parents[1:]] + [rows[c] for c in candidates]), device)
+    local = logp[index[:m], on_device_of(torch.tensor(tokens[1:], dtype=torch.long), device)]
+    top_logp, top_tokens = torch.topk(logp[index[m:]], k, dim=-1)
+    local, top_logp, top_tokens = fetch(local, top_logp, top_tokens)
     with host_only():
-        packed = torch.stack([tree.parents, tree.tokens, tree.depths, rows, candidates.long()])
-    parents, tokens, depths, rows_d, allowed = packed.to(device, non_blocking=True).unbind(0)
-    local = torch.zeros(tokens.shape[0], device=device)
-    local[1:] = logp[rows_d[parents[1:]], tokens[1:]]
-    scores = tree.scores.to(device, non_blocking=True)
-    for depth in range(1, max_depth + 1):  # parents first: one pass per depth, no data-dependent shapes
-        scores = torch.where(depths == depth, scores[parents.clamp(min=0)] + local, scores)
-    allowed = allowed.bool()
-    order = torch.sort(torch.where(allowed, scores, float("-inf")), descending=True, stable=True).indices[:k]
-    top_logp, top_tokens = torch.topk(logp[rows_d[order]], k, dim=-1)
-    return StrongLookup(*fetch(scores, order, allowed[order], top_logp, top_tokens))
+        return StrongLookup(local.tolist(), top_logp.tolist(), top_tokens.tolist())
+
+
+def needed_nodes(
+    parents: list[int], scores: list[float], rows: list[int], window: list[int], pool: int
+) -> list[int]:  # all [num_nodes] but window: the window's nodes, ascending
+    """Nodes a strong call forwards, ascending: every unforwarded node with children (they need rescoring)
+    and the best ``pool`` window nodes without a row (the root's row comes with the pending committed tokens)."""
+    wanted = set(parents[1:]) | set(best_nodes(scores, window, pool))
+    return [i for i in range(1, len(parents)) if rows[i] < 0 and i in wanted]
+
+
+def best_nodes(scores: list[float], allowed: list[int], k: int) -> list[int]:
+    """``top_nodes`` on host lists: up to ``k`` of ``allowed`` (ascending), best score first, ties to the lower index."""
+    return sorted(allowed, key=lambda i: -scores[i])[:k]
+
+
+def rescored(scores: list[float], parents: list[int], local: list[float]) -> list[float]:  # [num_nodes]
+    """Every node's cumulative strong log-prob along its root path, summed in float32 parents first (the root's
+    score stays): the values a float32 pass per depth gives."""
+    scores = list(scores)
+    for i in range(1, len(scores)):
+        scores[i] = _float32(scores[parents[i]] + local[i - 1])
+    return scores
+
+
+def reselect(scores: list[float], candidates: list[int], k: int) -> list[int]:
+    """The ``k`` best candidates by score, best first, as a stable descending sort of every node's score (-inf
+    off the candidates) picks them: candidates scored -inf compete with the other nodes by index."""
+    order = [i for i in best_nodes(scores, candidates, k) if scores[i] > float("-inf")]
+    if len(order) == k:
+        return order
+    finite = set(order)
+    chosen = set(candidates)
+    rest = (i for i in range(len(scores)) if i not in finite)
+    return order + [i for i in itertools.islice(rest, k - len(order)) if i in chosen]
 
 
 def _path_tail(node: int, tokens: list[int], parent_of: list[int], count: int) -> list[int]:
