@@ -60,22 +60,23 @@ def accept_choices(
     ancestor_mask: torch.Tensor,  # [batch, nodes, nodes] bool
     choices: torch.Tensor,  # [batch, nodes] the target's token after each node
 ) -> Verdict:
-    """Walk the tree along the target's choices; see the module docstring."""
-    batch, n = tokens.shape
-    parent_choice = torch.gather(choices, 1, parents.clamp(min=0))
-    matches = tokens == parent_choice
+    """Walk the tree along the target's choices; see the module docstring.
+
+    ``depths`` is not needed: the accepted nodes form one chain from the root, and nodes are stored
+    parents first, so ordering them by index orders them by depth.
+    """
+    n = tokens.shape[-1]
+    matches = tokens == torch.gather(choices, 1, parents.clamp(min=0))
     matches[:, 0] = True  # the root is committed
-    # a node is accepted iff no node on its root path mismatches
-    accepted = ~(ancestor_mask & ~matches[:, None, :]).any(dim=-1)
-    deepest = torch.where(accepted, depths, -1).argmax(dim=-1)  # siblings are distinct: accepted is a chain
-    num_accepted = torch.gather(depths, 1, deepest[:, None]).squeeze(1)
-    path = torch.full((batch, n), -1, dtype=torch.long, device=tokens.device)
-    node_ids = torch.arange(n, device=tokens.device).expand(batch, n)
-    slot = torch.where(accepted, depths, n - 1)  # rejected nodes write to a scratch column, then reset
-    path.scatter_(1, slot, torch.where(accepted, node_ids, -1))
-    beyond = torch.arange(n, device=tokens.device)[None, :] > num_accepted[:, None]
-    path = path.masked_fill(beyond, -1)
-    bonus = torch.gather(choices, 1, deepest[:, None]).squeeze(1)
+    # a node is accepted iff every node on its root path matches: each ancestor-mask entry implies a match
+    accepted = (ancestor_mask <= matches[:, None, :]).all(dim=-1)  # [batch, nodes]
+    node_ids = torch.arange(n, device=tokens.device)
+    # the accepted chain by index (= by depth), then n for every other node, which becomes -1
+    path = torch.sort(torch.where(accepted, node_ids, n), dim=-1).values
+    path = path.masked_fill(path == n, -1)
+    num_accepted = accepted.sum(dim=-1) - 1
+    deepest = torch.where(accepted, node_ids, -1).amax(dim=-1, keepdim=True)  # [batch, 1]
+    bonus = torch.gather(choices, 1, deepest).squeeze(1)
     return Verdict(path=path, num_accepted=num_accepted, bonus=bonus)
 
 
