@@ -25,6 +25,7 @@ COLUMNS = ("tokens", "parents", "depths", "scores", "origins", "kv_slot")
 _DTYPES = (torch.long, torch.long, torch.long, torch.float32, torch.int8, torch.long)
 _FILL = (0, -1, 0, float("-inf"), ORIGIN_ROOT, -1)
 INITIAL_CAPACITY = 64
+_LONG_COLUMNS = ("tokens", "parents", "depths", "kv_slot")
 
 
 class DraftTree:
@@ -75,19 +76,15 @@ class DraftTree:
     def from_root(cls, root_token: int | torch.Tensor, device: torch.device | str = "cpu", capacity: int = 0,
                   host: bool = False) -> DraftTree:
         """A tree holding the root only; ``root_token`` may be a one-element tensor (no read)."""
-        device = torch.device(device)
+        device = device if isinstance(device, torch.device) else torch.device(device)
         capacity = capacity or INITIAL_CAPACITY
-        if isinstance(root_token, torch.Tensor):
-            token = root_token.reshape(1).to(device=device, dtype=torch.long)
-        else:
-            token = torch.tensor([int(root_token)], dtype=torch.long, device=device)
         tree = cls.__new__(cls)
         tree._device = device
-        buffers = tree._allocate(capacity)
-        buffers["tokens"][:1] = token
-        buffers["scores"][0] = 0.0
-        mask = torch.zeros(capacity, capacity, dtype=torch.bool, device=device)
-        mask[0, 0] = True
+        buffers, mask = _fresh(device, capacity)
+        if isinstance(root_token, torch.Tensor):
+            buffers["tokens"][:1] = root_token.reshape(1)
+        else:
+            buffers["tokens"][0] = int(root_token)
         tree._adopt(buffers, mask, 1, host)
         return tree
 
@@ -179,7 +176,7 @@ class DraftTree:
         m = parents.shape[0]
         self._reserve(m)
         n = self._n
-        self._write(n, parents.long(), tokens.long(), scores.float(), origin)
+        self._write(n, _as(parents, torch.long), _as(tokens, torch.long), _as(scores, torch.float32), origin)
         return torch.arange(n, n + m, device=self._device)
 
     def _write(
@@ -230,7 +227,7 @@ class DraftTree:
         or with ``rescore`` takes the new score (the strong drafter's word replaces the weak one's).
         One read: the number of new nodes.
         """
-        parents, tokens, scores = parents.long(), tokens.long(), scores.float()
+        parents, tokens, scores = _as(parents, torch.long), _as(tokens, torch.long), _as(scores, torch.float32)
         m, n = parents.shape[0], self._n
         if m == 0:
             return parents
@@ -256,7 +253,7 @@ class DraftTree:
 
     def to(self, device: torch.device | str) -> DraftTree:
         """This tree on ``device`` (itself when already there); a host tree's upload for verification."""
-        device = torch.device(device)
+        device = device if isinstance(device, torch.device) else torch.device(device)
         if device == self._device:
             return self
         copies = {name: getattr(self, name).to(device, non_blocking=True) for name in COLUMNS}
@@ -459,6 +456,33 @@ class DraftTree:
         keys = _keys(self.parents, self.tokens)
         if torch.unique(keys).numel() != n:
             raise AssertionError("siblings must have distinct tokens")
+
+
+_PROTOTYPES: dict[tuple[torch.device, int], tuple[torch.Tensor, ...]] = {}
+
+
+def _fresh(device: torch.device, capacity: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Column buffers and ancestor mask of a root-only tree, token 0: copies of a prototype kept per device and
+    capacity (every step starts a tree: three copies cost less than seven allocations and the root's writes)."""
+    prototype = _PROTOTYPES.get((device, capacity))
+    if prototype is None:
+        # the int64 columns share one block: one copy makes them all
+        longs = torch.tensor([_FILL[COLUMNS.index(name)] for name in _LONG_COLUMNS], device=device)
+        longs = longs[:, None].repeat(1, capacity)
+        scores = torch.full((capacity,), float("-inf"), device=device)
+        scores[0] = 0.0
+        mask = torch.zeros(capacity, capacity, dtype=torch.bool, device=device)
+        mask[0, 0] = True
+        prototype = _PROTOTYPES[(device, capacity)] = (longs, scores, torch.zeros(capacity, dtype=torch.int8, device=device), mask)
+    longs, scores, origins, mask = (t.clone() for t in prototype)
+    buffers = dict(zip(_LONG_COLUMNS, longs.unbind(0), strict=True))
+    buffers["scores"], buffers["origins"] = scores, origins
+    return buffers, mask
+
+
+def _as(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``tensor`` in ``dtype``, without a (counted, no-op) conversion call when it is already."""
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
 def _float32(value: float) -> float:
