@@ -14,7 +14,7 @@ from .backends import VerifyBackend, select_backend
 from .capture import bucket, check_mode
 from .config import DecodeConfig
 from .errors import ConfigError
-from .lm import CausalLM, inference
+from .lm import CausalLM, inference, on_device_of
 from .methods import Method, Models, Observation, Prefill, create_method
 from .syncs import HostReads, audited_count, counting, fetch, host_value
 from .tree import DraftTree
@@ -227,7 +227,7 @@ class SpeculativeDecoder:
         node_depths, node_origins = packed[2 * n + 2 : 3 * n + 1], packed[3 * n + 2 :]
         self._commit(prefix, path, accepted)
         result.output_ids.extend(new_tokens)
-        grown = torch.cat([committed, chain[: num_accepted + 1].to(committed.device)])
+        grown = torch.cat([committed, on_device_of(chain[: num_accepted + 1], committed.device)])
         observation = Observation(tree, verdict, logits, grown, num_accepted, new_tokens, accepted[1:], tuple(host))
         self.method.observe(observation)
         clock.mark()

@@ -48,12 +48,12 @@ class TreeDrafter(ModelDrafter):
     ) -> None:
         """Forward the pending committed tokens and ``nodes`` in one pass; record slots and log-prob rows."""
         length = committed.shape[0]
-        if self.committed_length == length and self.root_length == length and self.logp.numel() == 0:
+        if self.committed_length == length and self.root_length == length and self.logp.shape[0] == 0:
             self.logp = self.root_logp[None]
         pending = on_device_of(committed[self.committed_length :], self.device)
         p, m = pending.shape[0], nodes.shape[0]
         if p + m == 0:
-            if self.logp.numel():  # a redraft of this step's first call: the kept root row is all it needs
+            if self.logp.shape[0]:  # a redraft of this step's first call: the kept root row is all it needs
                 rows[0] = 0
             return
         cache_length = self.lm.cache_length
@@ -76,7 +76,7 @@ class TreeDrafter(ModelDrafter):
         logits = self.lm.forward(tokens, positions, logits_to_keep=kept, mask=mask[:, :total])
         self.calls += 1
         self.committed_length = length
-        logp = torch.log_softmax(logits.float(), dim=-1)
+        logp = torch.log_softmax(logits if logits.dtype == torch.float32 else logits.float(), dim=-1)
         if p:
             self.root_logp, self.root_length = logp[0], length
             self.logp = logp[:1]

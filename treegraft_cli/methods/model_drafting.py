@@ -12,6 +12,11 @@ from ..verify import Verdict
 from .base import Method, Models, Observation, register
 
 
+def log_probs(logits: torch.Tensor) -> torch.Tensor:  # [m, vocab] -> [m, vocab] float32
+    """Log-softmax in float32 (a float32 model's logits need no conversion call)."""
+    return torch.log_softmax(logits if logits.dtype == torch.float32 else logits.float(), dim=-1)
+
+
 def forwarded_prefix(tree: DraftTree, verdict: Verdict) -> torch.Tensor:  # -> [] int64
     """How many accepted nodes, from the root's child down, the model drafter forwarded (its cache holds their rows)."""
     path = verdict.path[0, 1:]  # [n - 1], -1 past the accepted nodes
@@ -55,8 +60,7 @@ class ChainMethod(ModelDraftingMethod):
         logits = self.drafter.begin_step(committed)[None]
         last = torch.zeros(1, dtype=torch.long, device=tree.device)
         for depth in range(1, length + 1):
-            logp = torch.log_softmax(logits[-1:].float(), dim=-1)
-            score, token = logp.max(dim=-1)
+            score, token = log_probs(logits[-1:]).max(dim=-1)
             last = tree.append_children(last, token, tree.scores[last] + score, ORIGIN_MODEL)
             if depth < length:
                 logits = self.drafter.forward_nodes(tree, last, ancestors_forwarded=True)
@@ -97,10 +101,8 @@ class DenseMethod(ModelDraftingMethod):
 
         The parents are the last frontier, childless, and a top-k never repeats a token: every child is new.
         """
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        top_logp, top_tokens = torch.topk(logp, k, dim=-1)  # [p, k]
-        scores = tree.scores[parents][:, None] + top_logp
-        child_parents = parents[:, None].expand_as(top_tokens)
-        nodes = tree.append_children(child_parents.flatten(), top_tokens.flatten(), scores.flatten(), ORIGIN_MODEL)
-        best = torch.topk(scores.flatten(), min(k, nodes.numel())).indices
+        top_logp, top_tokens = torch.topk(log_probs(logits), k, dim=-1)  # [p, k]
+        scores = (tree.scores[parents, None] + top_logp).flatten()  # [p * k] parent by parent
+        nodes = tree.append_children(parents.repeat_interleave(k), top_tokens.flatten(), scores, ORIGIN_MODEL)
+        best = torch.topk(scores, min(k, nodes.shape[0])).indices
         return nodes[best]
