@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from ..lm import on_device_of
 from ..tree import ORIGIN_ADJACENCY, DraftTree
 from .rank_template import RankTemplate
 
@@ -28,11 +29,15 @@ class AdjacencyTable:
         self.device = None if device is None else torch.device(device)
         self.table: torch.Tensor | None = None  # [vocab, k] int64, allocated at the first write
         self.written: torch.Tensor | None = None  # [vocab] bool
+        # [vocab + 2, k] the table with every unwritten row pointing at a sentinel token (vocab + 1, whose own
+        # row is all sentinels): grafting follows it without tracking which rows were written
+        self._successors: torch.Tensor | None = None
 
     def reset(self) -> None:
         """Forget every row."""
         self.table = None
         self.written = None
+        self._successors = None
 
     @property
     def rows_written(self) -> int:
@@ -61,6 +66,7 @@ class AdjacencyTable:
         top = torch.topk(logits, self.k, dim=-1).indices.to(self.table.device)
         self._rows.index_copy_(0, rows, top)
         self._written.index_fill_(0, rows, True)
+        self._successors.index_copy_(0, rows, top)
 
     def write_prompt(
         self,
@@ -90,6 +96,7 @@ class AdjacencyTable:
             self._rows = torch.zeros(vocab + 1, self.k, dtype=torch.long, device=device)
             self._written = torch.zeros(vocab + 1, dtype=torch.bool, device=device)
             self.table, self.written = self._rows[:vocab], self._written[:vocab]
+            self._successors = torch.full((vocab + 2, self.k), vocab + 1, dtype=torch.long, device=device)
 
     def materialise(
         self, root_token: int, template: RankTemplate
@@ -128,46 +135,73 @@ class AdjacencyTable:
         if slots <= 0 or template.size == 0 or self.table is None:
             return tree
         device, n, size = tree.device, tree.num_nodes, template.size
-        table, written = self.table.to(device), self.written.to(device)
-        parents = template.parents.to(device) + 1
-        existing = tree.parents * (1 << 32) + tree.tokens  # [n] keys (parent, token)
-        # per candidate (slot 0 the root): token, valid, resolved node (existing index, or n + slot - 1 if new)
+        successors = on_device_of(self._successors, device)
+        invalid = successors.shape[0] - 1  # the sentinel token: some row on the way was never written
+        # per candidate (slot 0 the root): token, then the resolved node: an existing index, or n + slot - 1 if new
         tokens = torch.zeros(size + 1, dtype=torch.long, device=device)
         tokens[:1] = tree.tokens[:1]
-        valid = torch.zeros(size + 1, dtype=torch.bool, device=device)
-        valid[0] = True
         node = torch.zeros(size + 1, dtype=torch.long, device=device)
-        score = torch.zeros(size + 1, device=device)
-        score[:1] = tree.scores[:1]
-        scores = torch.cat([tree.scores, tree.scores.new_full((1,), float("-inf"))])  # [n + 1], n: scratch
-        for level, slot, parent, rank, prior in template.level_columns(device):
-            parent_tokens = tokens[parent]
-            tokens[slot] = table[parent_tokens, rank]
-            valid[slot] = valid[parent] & written[parent_tokens]
-            if n == 1:  # a bare root: nothing to merge into, every candidate is new
-                score[slot] = score[parent] + prior
-                node[slot] = n + level
-                continue
-            parent_node = node[parent]
-            parent_score = torch.where(parent_node < n, scores[parent_node.clamp(max=n)], score[parent])
-            score[slot] = parent_score + prior
-            same = (parent_node * (1 << 32) + tokens[slot])[:, None] == existing[None, :]  # [l, n]
-            merged = same.any(dim=1) & valid[slot]
-            match = same.byte().argmax(dim=1)
-            node[slot] = torch.where(merged, match, n + level)
-            scores.scatter_reduce_(0, torch.where(merged, match, n), score[slot], reduce="amax")
+        # scores by resolved node: the tree's nodes, then every candidate's own (a merged one's too)
+        scores = torch.cat([tree.scores, tree.scores.new_empty(size)])  # [n + size]
+        columns = template.level_columns(device)
+        if n == 1:  # a bare root: nothing to merge into, every candidate is new
+            node[1:] = template.fresh_nodes(device) + n
+            for _, slot, parent, rank, prior in columns:
+                tokens[slot] = successors[tokens[parent], rank]
+                scores[slot] = scores[parent] + prior  # slot s holds node n + s - 1 = s
+        else:
+            self._resolve(tree, tokens, node, scores, successors, columns)
         if n > 1:
             tree.scores = scores[:n]
-        is_new = valid[1:] & (node[1:] >= n)  # [size] in priority order
+        return self._append(tree, template, tokens, node, scores, slots, tokens[1:] != invalid)
+
+    @staticmethod
+    def _resolve(
+        tree: DraftTree,
+        tokens: torch.Tensor,  # [size + 1] filled here, slot 0 the root
+        node: torch.Tensor,  # [size + 1] filled here
+        scores: torch.Tensor,  # [n + size] existing nodes' scores (merges raise them), candidates' filled here
+        successors: torch.Tensor,  # [vocab + 2, k]
+        columns: tuple[tuple[torch.Tensor, ...], ...],  # ``RankTemplate.level_columns``
+    ) -> None:
+        """Depth by depth: each candidate's token, and the node it resolves to, merging into an existing child."""
+        n = tree.num_nodes
+        existing = (tree.parents * (1 << 32) + tree.tokens)[None, :]  # [1, n] keys (parent, token)
+        indices = torch.arange(n, device=tree.device)
+        for level, slot, parent, rank, prior in columns:
+            parent_node = node[parent]
+            token = successors[tokens[parent], rank]
+            tokens[slot] = token
+            fresh = level + n
+            score = scores[parent_node] + prior
+            scores[fresh] = score
+            same = (parent_node * (1 << 32) + token)[:, None] == existing  # [l, n]; sentinel tokens match nothing
+            resolved = torch.where(same, indices, fresh[:, None]).amin(dim=1)  # the matching node, else the new one
+            node[slot] = resolved
+            scores.scatter_reduce_(0, resolved, score, reduce="amax")  # a merged node keeps the higher score
+
+    @staticmethod
+    def _append(
+        tree: DraftTree,
+        template: RankTemplate,
+        tokens: torch.Tensor,  # [size + 1]
+        node: torch.Tensor,  # [size + 1]
+        scores: torch.Tensor,  # [n + size]
+        slots: int,
+        valid: torch.Tensor,  # [size] bool
+    ) -> DraftTree:
+        """Append the first ``slots`` new valid candidates, in priority order, depth by depth. One read: how many."""
+        n, size, device = tree.num_nodes, template.size, tree.device
+        is_new = valid & (node[1:] >= n)  # [size] in priority order
         kept = is_new & (torch.cumsum(is_new, 0) <= slots)
         count = int(tree._read(kept.sum()))
         if count == 0:
             return tree
-        depths = template.depths.to(device)
-        order = torch.sort(torch.where(kept, depths, depths.max() + 1), stable=True).indices[:count]  # depth order
+        depths = template.fresh_depths(device)
+        order = torch.sort(torch.where(kept, depths, size + 1), stable=True).indices[:count]  # depth order
         final = torch.arange(n + size, device=device)  # resolved node → index in the grown tree
         final[n + order] = n + torch.arange(count, device=device)
         tree._reserve(count)
-        tree._write(n, final[node[parents[order]]], tokens[order + 1], score[order + 1], ORIGIN_ADJACENCY,
-                    generations=len(template.levels))
+        tree._write(n, final[node[template.parents_on(device)[order] + 1]], tokens[order + 1], scores[n + order],
+                    ORIGIN_ADJACENCY, generations=len(template.levels))
         return tree

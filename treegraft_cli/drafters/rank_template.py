@@ -100,6 +100,23 @@ class RankTemplate:
             )
         return cache[device]
 
+    def _on(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """Whole-template columns on ``device``, copied once per device (a per-instance memo)."""
+        cache = self.__dict__.setdefault("_columns_on", {})
+        if device not in cache:
+            cache[device] = {"parents": self.parents.to(device), "depths": self.depths.to(device),
+                             "fresh": torch.arange(self.size, device=device)}
+        return cache[device]
+
+    def parents_on(self, device: torch.device) -> torch.Tensor:  # [S]
+        return self._on(device)["parents"]
+
+    def fresh_depths(self, device: torch.device) -> torch.Tensor:  # [S]
+        return self._on(device)["depths"]
+
+    def fresh_nodes(self, device: torch.device) -> torch.Tensor:  # [S] 0..S-1: candidate u becomes node n + u
+        return self._on(device)["fresh"]
+
     @property
     def counts(self) -> tuple[int, ...]:
         """Nodes per depth among the template part (without the extension)."""
