@@ -26,6 +26,7 @@ _DTYPES = (torch.long, torch.long, torch.long, torch.float32, torch.int8, torch.
 _FILL = (0, -1, 0, float("-inf"), ORIGIN_ROOT, -1)
 INITIAL_CAPACITY = 64
 _LONG_COLUMNS = ("tokens", "parents", "depths", "kv_slot")
+_STRUCTURE = ("tokens", "parents", "depths")  # columns that change only when nodes are written
 
 
 class DraftTree:
@@ -125,12 +126,28 @@ class DraftTree:
         return view
 
     # columns: views of the buffers; assigning writes into them
-    tokens = property(lambda self: self._column("tokens"), lambda self, v: self._column("tokens").copy_(v))
-    parents = property(lambda self: self._column("parents"), lambda self, v: self._column("parents").copy_(v))
-    depths = property(lambda self: self._column("depths"), lambda self, v: self._column("depths").copy_(v))
+    def _set_structure(self, name: str, value: torch.Tensor) -> None:
+        self._column(name).copy_(value)
+        self._views.pop(("list", name), None)
+
+    tokens = property(lambda self: self._column("tokens"), lambda self, v: self._set_structure("tokens", v))
+    parents = property(lambda self: self._column("parents"), lambda self, v: self._set_structure("parents", v))
+    depths = property(lambda self: self._column("depths"), lambda self, v: self._set_structure("depths", v))
     scores = property(lambda self: self._column("scores"), lambda self, v: self._column("scores").copy_(v))
     origins = property(lambda self: self._column("origins"), lambda self, v: self._column("origins").copy_(v))
     kv_slot = property(lambda self: self._column("kv_slot"), lambda self, v: self._column("kv_slot").copy_(v))
+
+    def listed(self, name: str) -> list[int]:
+        """A host tree's ``tokens``, ``parents`` or ``depths`` as a Python list, kept until nodes are written
+        (those columns change only then): the layer loop reads them at every layer."""
+        if name not in _STRUCTURE or not self.host:
+            raise ValueError(f"only a host tree's {', '.join(_STRUCTURE)} are kept as lists, not {name!r}")
+        key = ("list", name)
+        value = self._views.get(key)
+        if value is None:
+            with host_only():
+                value = self._views[key] = self._column(name).tolist()
+        return value
 
     @property
     def num_nodes(self) -> int:

@@ -36,7 +36,7 @@ from ..syncs import fetch, host_only
 from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree, _float32
 from .config import TreeGraftConfig
 from .scheduler import CallPolicy, CostModel, SchedulerState, WeakPreview, features
-from .tree_ops import cut_to_budget, graft_window, top_nodes
+from .tree_ops import cut_to_budget, graft_window
 
 HOST = torch.device("cpu")
 SIDE_CAPACITY = 64  # nodes the side columns' buffers hold at first
@@ -49,7 +49,7 @@ class Growth:
     tree: DraftTree
     frontier: torch.Tensor  # [f] node indices
     expanded: torch.Tensor  # [num_nodes] bool: the strong drafter added this node's top-K children
-    weak_done: torch.Tensor  # [num_nodes] bool: the weak drafter expanded this node
+    weak_done: set[int]  # nodes the weak drafter expanded
     rows: torch.Tensor  # [num_nodes] long: the node's strong log-prob row, -1 if never forwarded
     called: list[int] = field(default_factory=list)  # layers that called the strong drafter
     weak_expansions: int = 0
@@ -60,15 +60,15 @@ class Growth:
         """A host tree holding the root: the layer loop runs on the host (its weak drafter is host-side by
         nature); only the strong drafter's forwards and look-ups run on the device."""
         tree = DraftTree.from_root(root_token, device, host=True)
-        flags = torch.zeros(1, dtype=torch.bool, device=device)
-        return cls(tree, torch.zeros(1, dtype=torch.long, device=device), flags, flags.clone(), torch.full((1,), -1, device=device))
+        expanded = torch.zeros(1, dtype=torch.bool, device=device)
+        return cls(tree, torch.zeros(1, dtype=torch.long, device=device), expanded, set(), torch.full((1,), -1, device=device))
 
     def sync(self) -> None:
         """Grow the side columns to the tree's size: views of buffers that double when full (no copy per layer)."""
         n = self.tree.num_nodes
         if self.rows.shape[0] == n:
             return
-        for name, fill in (("expanded", False), ("weak_done", False), ("rows", -1)):
+        for name, fill in (("expanded", False), ("rows", -1)):
             column = getattr(self, name)
             buffer = self.spare.get(name)
             if buffer is None or buffer.shape[0] < n:
@@ -84,10 +84,12 @@ class WeakProposal:
 
     preview: WeakPreview  # parents [c], per-token target log-probs and tokens [c, width], on the tree's device
     full: list[int]  # parents that found all K continuations (their chain heads form the next frontier)
+    expanding: tuple[int, ...] = ()  # the frontier nodes the weak drafter had not expanded yet: the ones looked up
+    chain_parents: tuple[int, ...] = ()  # ``preview.parents`` on the host
 
     @property
     def empty(self) -> bool:
-        return self.preview.parents.numel() == 0
+        return not self.chain_parents
 
 
 @dataclass(frozen=True)
@@ -195,33 +197,31 @@ class LayerLoop:
     def weak_layer(self, g: Growth, layer: int, proposal: WeakProposal | None = None) -> None:
         """Skip: hang the weak drafter's chains (``proposal``, looked up here when not previewed)."""
         proposal = proposal if proposal is not None else self.propose_weak(g, layer)
-        parents = g.frontier[~g.weak_done[g.frontier]]
-        g.frontier = parents[:0]
-        if parents.numel() == 0:
+        g.frontier = g.frontier[:0]
+        if not proposal.expanding:
             return
-        g.weak_done[parents] = True
+        g.weak_done.update(proposal.expanding)
         g.weak_expansions += 1
         if proposal.empty:
             return
         tree = g.tree
         heads = self.add_chains(tree, proposal)
         g.sync()
-        full = torch.tensor(proposal.full, dtype=torch.long, device=tree.device)
-        from_full = torch.isin(proposal.preview.parents, full)
-        allowed = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
-        allowed[heads[from_full]] = True
-        g.frontier = top_nodes(tree.scores, allowed, self.shape.top_k)
+        full = set(proposal.full)
+        allowed = sorted({head for head, parent in zip(heads, proposal.chain_parents, strict=True) if parent in full})
+        g.frontier = torch.tensor(best_nodes(tree.scores.tolist(), allowed, self.shape.top_k), dtype=torch.long)
 
     def propose_weak(self, g: Growth, layer: int) -> WeakProposal:
         """The chains a skip at ``layer`` would add, looked up but not added (a policy may preview them)."""
-        parents = g.frontier[~g.weak_done[g.frontier]]
-        k, max_n = self.shape.top_k, max(1, self.options.max_n - layer + 1)
         tree = g.tree
-        tokens, parent_of, depths = tree.tokens.tolist(), tree.parents.tolist(), tree.depths.tolist()
+        with host_only():
+            parents = [p for p in g.frontier.tolist() if p not in g.weak_done]
+        k, max_n = self.shape.top_k, max(1, self.options.max_n - layer + 1)
+        tokens, parent_of, depths = tree.listed("tokens"), tree.listed("parents"), tree.listed("depths")
         context_tail = self.index.context[-max_n:]
         chains: list[tuple[int, Continuation]] = []
         full: list[int] = []
-        for parent in parents.tolist():  # one index lookup per parent (host-side by nature)
+        for parent in parents:  # one index lookup per parent (host-side by nature)
             room = self.options.max_depth - depths[parent]
             if room <= 0:
                 continue
@@ -230,9 +230,11 @@ class LayerLoop:
             chains.extend((parent, c) for c in found)
             if len(found) == k:
                 full.append(parent)
-        tokens, logp = self.chain_logp(chains)
-        parents = torch.tensor([p for p, _ in chains], dtype=torch.long)
-        return WeakProposal(WeakPreview(parents.to(tree.device), logp, tokens.to(tree.device)), full)
+        chain_tokens, logp = self.chain_logp(chains)
+        chain_parents = [p for p, _ in chains]
+        preview = WeakPreview(on_device_of(torch.tensor(chain_parents, dtype=torch.long), tree.device), logp,
+                              on_device_of(chain_tokens, tree.device))
+        return WeakProposal(preview, full, tuple(parents), tuple(chain_parents))
 
     def chain_logp(self, chains: list[tuple[int, Continuation]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Chain tokens ``[c, width]`` (0-padded) and the target's log-prob of each at its matched position.
@@ -243,17 +245,18 @@ class LayerLoop:
         """
         if not chains:
             return torch.empty(0, 1, dtype=torch.long), torch.empty(0, 1)
-        lengths = torch.tensor([len(c.tokens) for _, c in chains])
-        width = int(lengths.max())
+        lengths = [len(c.tokens) for _, c in chains]
+        width = max(lengths)
         padded = torch.tensor([list(c.tokens) + [0] * (width - len(c.tokens)) for _, c in chains])
-        positions = torch.tensor([c.position for _, c in chains])[:, None] + torch.arange(width)[None, :]
+        positions = torch.tensor([[c.position + j for j in range(width)] for _, c in chains])
         logp = self.target_logp.score(positions.flatten(), padded.flatten()).view(len(chains), width)
-        return padded, torch.where(torch.arange(width)[None, :] < lengths[:, None], logp, float("-inf"))
+        valid = torch.tensor([[j < length for j in range(width)] for length in lengths])
+        return padded, torch.where(valid, logp, float("-inf"))
 
-    def add_chains(self, tree: DraftTree, proposal: WeakProposal) -> torch.Tensor:  # -> [c] chain head nodes
+    def add_chains(self, tree: DraftTree, proposal: WeakProposal) -> list[int]:  # -> [c] chain head nodes
         """Hang every chain under its parent (merging into existing nodes); return the heads."""
         preview = proposal.preview
-        return torch.tensor(tree.add_chains(preview.parents, preview.tokens, preview.logp, ORIGIN_NGRAM))
+        return tree.add_chains(preview.parents, preview.tokens, preview.logp, ORIGIN_NGRAM)
 
     # -- call: the strong drafter -------------------------------------------------------------------
 
@@ -268,7 +271,7 @@ class LayerLoop:
         with host_only():
             if window is None:
                 window = graft_window(tree, layer, self.options.lookback, self.options.max_depth, g.expanded)
-            parents, tokens, scores = tree.parents.tolist(), tree.tokens.tolist(), tree.scores.tolist()
+            parents, tokens, scores = tree.listed("parents"), tree.listed("tokens"), tree.scores.tolist()
             in_window = torch.nonzero(window).flatten().tolist()  # ascending
             nodes = needed_nodes(parents, scores, g.rows.tolist(), in_window, self.pool)
         self.strong.forward(committed, tree, torch.tensor(nodes, dtype=torch.long), g.rows, tree.ancestor_mask())
