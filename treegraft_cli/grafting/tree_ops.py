@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..syncs import host_only
 from ..tree import DraftTree
 
 
@@ -55,8 +56,29 @@ def cut_to_budget(tree: DraftTree, budget: int) -> DraftTree:
     """
     if tree.size <= budget:
         return tree
+    if tree.host:
+        return tree.select(torch.tensor(_top_closed_on_host(tree, budget)))
     scores = monotone_scores(tree)
     order = torch.sort(scores[1:], descending=True, stable=True).indices + 1
     keep = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
     keep[order[:budget]] = True
     return tree.keep(tree.close_over_ancestors(keep, limit=budget))
+
+
+def _top_closed_on_host(tree: DraftTree, budget: int) -> list[int]:
+    """``cut_to_budget``'s kept nodes (ascending, root first) for a host tree, in Python: the same capped scores
+    (a running minimum down each path is the minimum over the ancestor row), the same stable order."""
+    with host_only():
+        parents, scores = tree.listed("parents"), tree.scores.tolist()
+    capped = list(scores)
+    for i in range(1, len(capped)):  # parents first
+        capped[i] = min(capped[parents[i]], scores[i])
+    keep = set(sorted(range(1, len(capped)), key=lambda i: -capped[i])[:budget])
+    for node in list(keep):  # close over ancestors (a no-op unless the order is broken)
+        node = parents[node]
+        while node > 0 and node not in keep:
+            keep.add(node)
+            node = parents[node]
+    if len(keep) > budget:
+        raise ValueError(f"closing over ancestors grew the tree past its budget {budget}")
+    return [0, *sorted(keep)]
