@@ -18,6 +18,7 @@ from contextlib import contextmanager
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
+from transformers.cache_utils import DynamicLayer
 
 from .capture import StaticVerifier, bucket
 from .syncs import uncounted
@@ -113,7 +114,13 @@ class CausalLM:
 
     @property
     def cache_length(self) -> int:
-        return self._length if self.verifier is not None else self.cache.get_seq_length()
+        if self.verifier is not None:
+            return self._length
+        layer = self.cache.layers[0] if self.cache.layers else None
+        if type(layer) is DynamicLayer:  # its length is the keys' row count (the library asks numel() first)
+            keys = layer.keys if layer.is_initialized else None
+            return keys.shape[-2] if keys is not None and len(keys.shape) > 1 else 0  # 1-D: created, still empty
+        return self.cache.get_seq_length()
 
     def use_static(self, mode: str, capacity: int) -> None:
         """Verify forwards with static shapes (``capture.py``) over a StaticCache of at least ``capacity`` rows.

@@ -50,8 +50,8 @@ class TreeDrafter(ModelDrafter):
         length = committed.shape[0]
         if self.committed_length == length and self.root_length == length and self.logp.shape[0] == 0:
             self.logp = self.root_logp[None]
-        pending = on_device_of(committed[self.committed_length :], self.device)
-        p, m = pending.shape[0], nodes.shape[0]
+        p, m = length - self.committed_length, nodes.shape[0]
+        pending = on_device_of(committed[self.committed_length :], self.device) if p else None
         if p + m == 0:
             if self.logp.shape[0]:  # a redraft of this step's first call: the kept root row is all it needs
                 rows[0] = 0
@@ -64,7 +64,7 @@ class TreeDrafter(ModelDrafter):
             mask[:p, : self.committed_length] = 0
             mask[:p, cache_length : cache_length + p] = mask.new_full((p, p), torch.finfo(mask.dtype).min).triu(1)
         # node rows see every committed row, pending ones included, and their own ancestors'
-        show_tree(mask[p:], tree, nodes, ancestor_mask, length)
+        show_tree(mask[p:] if p else mask, tree, nodes, ancestor_mask, length)
         depths = tree.depths[nodes] + (length - 1)
         if p:
             committed_positions = torch.arange(self.committed_length, length, device=self.device)
@@ -82,4 +82,4 @@ class TreeDrafter(ModelDrafter):
             self.logp = logp[:1]
         rows[0] = 0
         rows[nodes] = torch.arange(self.logp.shape[0], self.logp.shape[0] + m, device=rows.device)
-        self.logp = torch.cat([self.logp, logp[kept - m :]])
+        self.logp = torch.cat([self.logp, logp[kept - m :] if p else logp])
