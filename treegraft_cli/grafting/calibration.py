@@ -21,6 +21,11 @@ from ..tree import ORIGIN_NAMES, DraftTree
 from .tree_ops import monotone_scores
 
 
+def _host(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor.cpu()`` without the (counted) call for a tensor already on the host: the layer loop's trees are."""
+    return tensor if tensor.device.type == "cpu" else tensor.cpu()
+
+
 class AcceptanceCalibration:
     def __init__(self, bins: int = 10, prior_weight: float = 2.0):
         self.bins = bins
@@ -31,8 +36,8 @@ class AcceptanceCalibration:
     def observe(self, tree: DraftTree, accepted: torch.Tensor) -> None:  # accepted: [a] root and accepted nodes
         """Count every verified node whose parent was accepted, and whether it was accepted itself."""
         mask = torch.zeros(tree.num_nodes, dtype=torch.bool)
-        mask[accepted.cpu()] = True
-        parents, origins = tree.parents.cpu(), tree.origins.cpu().long()
+        mask[_host(accepted)] = True
+        parents, origins = _host(tree.parents), _host(tree.origins).long()
         nodes = torch.nonzero(mask[parents.clamp(min=0)]).flatten()
         nodes = nodes[nodes > 0]
         local = self.local_probability(tree)[nodes]
@@ -43,7 +48,7 @@ class AcceptanceCalibration:
     def rate(self, origins: torch.Tensor, local: torch.Tensor) -> torch.Tensor:  # [m], [m] -> [m] float32
         """Measured P(accepted | parent accepted) for nodes of ``origins`` with local probability ``local``."""
         bins = self._bin(local)
-        origins = origins.cpu().long()
+        origins = _host(origins).long()
         return (self.accepted[origins, bins] / self.seen[origins, bins]).float()
 
     def reach(self, tree: DraftTree) -> torch.Tensor:  # -> [num_nodes] float32, 1 at the root
@@ -51,13 +56,13 @@ class AcceptanceCalibration:
         log_rates = self.rate(tree.origins, self.local_probability(tree)).double().log()
         log_rates[0] = 0.0  # the root is committed
         # row i of the ancestor mask marks i and its ancestors: one product sums the logs along every root path
-        return torch.exp(tree.ancestor_mask().cpu().double() @ log_rates).float()
+        return torch.exp(_host(tree.ancestor_mask()).double() @ log_rates).float()
 
     def local_probability(self, tree: DraftTree) -> torch.Tensor:  # -> [num_nodes] float32, 1 at the root
-        scores = monotone_scores(tree).cpu()
+        scores = _host(monotone_scores(tree))
         local = torch.ones(tree.num_nodes)
-        local[1:] = torch.exp(scores[1:] - scores[tree.parents[1:].cpu()]).clamp(max=1.0)
+        local[1:] = torch.exp(scores[1:] - scores[_host(tree.parents[1:])]).clamp(max=1.0)
         return local
 
     def _bin(self, local: torch.Tensor) -> torch.Tensor:  # [m] -> [m] long
-        return (local.cpu() * self.bins).long().clamp(0, self.bins - 1)
+        return (_host(local) * self.bins).long().clamp(0, self.bins - 1)
