@@ -45,7 +45,7 @@ class TargetLogProbCache:
 
     def top(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [m, vocab] -> 2 x [m, W]
         """The top-W log-probs and their tokens of each row, where the logits are (on the device)."""
-        logp = torch.log_softmax(logits.float(), dim=-1)
+        logp = torch.log_softmax(logits if logits.dtype == torch.float32 else logits.float(), dim=-1)
         return torch.topk(logp, min(self.width, logp.shape[-1]), dim=-1)
 
     def append_top(self, start: int, values: torch.Tensor, tokens: torch.Tensor) -> None:  # host [m, W] each
@@ -64,7 +64,7 @@ class TargetLogProbCache:
         value = torch.where(hit, self.values[safe], 0.0).sum(dim=-1)
         fallback = self.values[safe, -1] - self.fallback_penalty
         scored = torch.where(in_top, value, fallback)
-        return torch.where(known, scored, torch.full_like(scored, -self.fallback_penalty))
+        return torch.where(known, scored, -self.fallback_penalty)
 
 
 @dataclass(frozen=True)

@@ -153,8 +153,7 @@ class TreeGraftMethod(Method):
     def readback(self, tree: DraftTree, verdict: Verdict, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The target's top-W log-probs at the root and the accepted nodes (rows along the path, at most its
         depth + 1), read with the verdict for the n-gram scores."""
-        with host_only():
-            deepest = int(self.host_tree.depths.max())
+        deepest = max(self.host_tree.listed("depths"))
         path = verdict.path[0, : deepest + 1].clamp(min=0)
         return self.target_logp.top(logits[path])
 
@@ -174,7 +173,7 @@ class TreeGraftMethod(Method):
             root_position = observation.committed.shape[0] - a - 2
             self.target_logp.append_top(root_position, values, tokens)
             # the target's token after each verified node: the next accepted node's, then the bonus
-            verified = torch.cat([path.new_zeros(1), path])
+            verified = torch.tensor([0, *observation.accepted_nodes], dtype=torch.long)
             self.policy.observe(tree, verified, torch.tensor(observation.new_tokens, dtype=torch.long))
             if self.history is not None:
                 calls = sum(record.called for record in self.last_records)
