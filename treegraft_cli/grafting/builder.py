@@ -36,7 +36,7 @@ from ..syncs import fetch, host_only
 from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree, _float32
 from .config import TreeGraftConfig
 from .scheduler import CallPolicy, CostModel, SchedulerState, WeakPreview, features
-from .tree_ops import cut_to_budget, graft_window
+from .tree_ops import cut_to_budget
 
 HOST = torch.device("cpu")
 SIDE_CAPACITY = 64  # nodes the side columns' buffers hold at first
@@ -54,6 +54,7 @@ class Growth:
     called: list[int] = field(default_factory=list)  # layers that called the strong drafter
     weak_expansions: int = 0
     spare: dict[str, torch.Tensor] = field(default_factory=dict)  # buffers the side columns are views of
+    expanded_nodes: set[int] = field(default_factory=set)  # where ``expanded`` is set, on the host
 
     @classmethod
     def start(cls, root_token: int, device: torch.device = HOST) -> Growth:
@@ -146,11 +147,12 @@ class LayerLoop:
             with host_only():
                 previewed = policy.previews(layer) and layer not in forced
                 proposal = self.propose_weak(g, layer) if previewed else None
-                state = self.state(g, layer, costs, prompt_length, proposal, self.strong_lag(committed), history)
+                window = self.window_nodes(g, layer)
+                state = self.state(g, layer, costs, prompt_length, proposal, self.strong_lag(committed), history, window)
                 wanted = forced[layer] if layer in forced else policy.decide(state)
-                call = wanted and self.strong is not None and bool(state.candidates.any())
+                call = wanted and self.strong is not None and bool(window)
             if call:
-                self.strong_layer(g, layer, committed, state.candidates)
+                self.strong_layer(g, layer, committed, window)
                 g.called.append(layer)
             else:
                 with host_only():
@@ -174,12 +176,15 @@ class LayerLoop:
         proposal: WeakProposal | None = None,
         strong_lag: int = 0,
         history: tuple[float, ...] = (),
+        window: list[int] | None = None,  # ``window_nodes`` when the caller has them
     ) -> SchedulerState:
-        window = graft_window(g.tree, layer, self.options.lookback, self.options.max_depth, g.expanded)
+        flags = [False] * g.tree.num_nodes
+        for node in self.window_nodes(g, layer) if window is None else window:
+            flags[node] = True
         return SchedulerState(
             tree=g.tree,
             frontier=g.frontier,
-            candidates=window,
+            candidates=torch.tensor(flags, dtype=torch.bool),  # ``graft_window`` of the host tree
             layer=layer,
             num_layers=self.shape.depth,
             called=tuple(g.called),
@@ -191,6 +196,12 @@ class LayerLoop:
             strong_lag=strong_lag,
             history=history,
         )
+
+    def window_nodes(self, g: Growth, layer: int) -> list[int]:
+        """``graft_window``'s nodes, ascending, from the host tree's depths and the strong-expanded set."""
+        lowest, highest = max(0, layer - self.options.lookback), min(layer - 1, self.options.max_depth - 1)
+        expanded = g.expanded_nodes
+        return [i for i, d in enumerate(g.tree.listed("depths")) if lowest <= d <= highest and i not in expanded]
 
     # -- skip: the weak drafter ---------------------------------------------------------------------
 
@@ -260,19 +271,17 @@ class LayerLoop:
 
     # -- call: the strong drafter -------------------------------------------------------------------
 
-    def strong_layer(self, g: Growth, layer: int, committed: torch.Tensor, window: torch.Tensor | None = None) -> None:
+    def strong_layer(self, g: Growth, layer: int, committed: torch.Tensor, window: list[int] | None = None) -> None:
         """Call: one strong forward, then one read of what the host needs (see ``strong_lookup``).
 
-        ``window``: the layer's grafting window ([num_nodes] bool) when the caller has it already. The host
-        tree's bookkeeping runs on host lists: a strong call touches a few dozen nodes, cheaper in Python
-        than in tensor ops of a few microseconds each.
+        ``window``: the layer's ``window_nodes`` when the caller has them already. The host tree's bookkeeping
+        runs on host lists: a strong call touches a few dozen nodes, cheaper in Python than in tensor ops of a
+        few microseconds each.
         """
         tree, k = g.tree, self.shape.top_k
         with host_only():
-            if window is None:
-                window = graft_window(tree, layer, self.options.lookback, self.options.max_depth, g.expanded)
+            in_window = self.window_nodes(g, layer) if window is None else window
             parents, tokens, scores = tree.listed("parents"), tree.listed("tokens"), tree.scores.tolist()
-            in_window = torch.nonzero(window).flatten().tolist()  # ascending
             nodes = needed_nodes(parents, scores, g.rows.tolist(), in_window, self.pool)
         self.strong.forward(committed, tree, torch.tensor(nodes, dtype=torch.long), g.rows, tree.ancestor_mask())
         with host_only():
@@ -292,6 +301,7 @@ class LayerLoop:
             g.sync()
             if positions:
                 g.expanded[torch.tensor(positions)] = True
+                g.expanded_nodes.update(positions)
             g.frontier = torch.tensor(best_nodes(tree.scores.tolist(), sorted(set(children)), k), dtype=torch.long)
 
 
