@@ -150,7 +150,7 @@ class AdjacencyTable:
                 tokens[slot] = successors[tokens[parent], rank]
                 scores[slot] = scores[parent] + prior  # slot s holds node n + s - 1 = s
         else:
-            self._resolve(tree, tokens, node, scores, successors, columns)
+            self._resolve(tree, tokens, node, scores, successors, columns, template.fresh_levels(device, n))
         if n > 1:
             tree.scores = scores[:n]
         return self._append(tree, template, tokens, node, scores, slots, tokens[1:] != invalid)
@@ -163,20 +163,20 @@ class AdjacencyTable:
         scores: torch.Tensor,  # [n + size] existing nodes' scores (merges raise them), candidates' filled here
         successors: torch.Tensor,  # [vocab + 2, k]
         columns: tuple[tuple[torch.Tensor, ...], ...],  # ``RankTemplate.level_columns``
+        fresh_levels: tuple[tuple[torch.Tensor, torch.Tensor], ...],  # ``RankTemplate.fresh_levels``
     ) -> None:
         """Depth by depth: each candidate's token, and the node it resolves to, merging into an existing child."""
         n = tree.num_nodes
         existing = (tree.parents * (1 << 32) + tree.tokens)[None, :]  # [1, n] keys (parent, token)
         indices = torch.arange(n, device=tree.device)
-        for level, slot, parent, rank, prior in columns:
+        for (_, slot, parent, rank, prior), (fresh, fresh_column) in zip(columns, fresh_levels, strict=True):
             parent_node = node[parent]
             token = successors[tokens[parent], rank]
             tokens[slot] = token
-            fresh = level + n
             score = scores[parent_node] + prior
             scores[fresh] = score
             same = (parent_node * (1 << 32) + token)[:, None] == existing  # [l, n]; sentinel tokens match nothing
-            resolved = torch.where(same, indices, fresh[:, None]).amin(dim=1)  # the matching node, else the new one
+            resolved = torch.where(same, indices, fresh_column).amin(dim=1)  # the matching node, else the new one
             node[slot] = resolved
             scores.scatter_reduce_(0, resolved, score, reduce="amax")  # a merged node keeps the higher score
 

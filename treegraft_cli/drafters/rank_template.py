@@ -108,6 +108,15 @@ class RankTemplate:
                              "fresh": torch.arange(self.size, device=device)}
         return cache[device]
 
+    def fresh_levels(self, device: torch.device, n: int) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """Per depth, the node indices its candidates get when new in a tree of ``n`` nodes (``n`` + candidate
+        index), flat and as a column; memoised per device and tree size (a stage grafts on trees of one size)."""
+        cache = self.__dict__.setdefault("_fresh_levels", {})
+        key = (device, n)
+        if key not in cache:
+            cache[key] = tuple((level + n, (level + n)[:, None]) for level, *_ in self.level_columns(device))
+        return cache[key]
+
     def parents_on(self, device: torch.device) -> torch.Tensor:  # [S]
         return self._on(device)["parents"]
 
