@@ -145,9 +145,13 @@ class DraftTree:
         key = ("list", name)
         value = self._views.get(key)
         if value is None:
-            with host_only():
-                value = self._views[key] = self._column(name).tolist()
+            value = self._views[key] = self.host_list(name)
         return value
+
+    def host_list(self, name: str) -> list:
+        """A host tree's column as a Python list, read fresh (one conversion of the whole buffer, no slice)."""
+        with host_only():
+            return self._buffers[name].tolist()[: self._n]
 
     @property
     def num_nodes(self) -> int:
@@ -310,10 +314,11 @@ class DraftTree:
         scores: list[float],  # [m] float32 values
         origin: int,
         node_scores: list[float],  # [num_nodes] float32 values: every node's score before the merge
-    ) -> list[int]:
+    ) -> tuple[list[int], list[float]]:
         """``add_children(..., rescore=True)`` on a host tree, from host lists, after setting every node's score
         to ``node_scores``: the scores are settled in Python and written as one column (a strong call's merge
-        touches a few dozen nodes, cheaper in Python than in per-step tensor ops). Returns each request's node.
+        touches a few dozen nodes, cheaper in Python than in per-step tensor ops). Returns each request's node
+        and every node's score after the merge.
         """
         with host_only():
             index = self._indexed_keys()
@@ -337,7 +342,7 @@ class DraftTree:
                             torch.tensor(final[n:], dtype=torch.float32), origin)
                 self._indexed = self._n  # the index holds the new keys already
             self.scores = torch.tensor(final, dtype=torch.float32)
-            return nodes
+            return nodes, final
 
     def add_chains(
         self,
@@ -356,7 +361,7 @@ class DraftTree:
         """
         with host_only():
             index = self._indexed_keys()
-            scores = self.scores.tolist()
+            scores = self.host_list("scores")
             n, start = self._n, self._n
             current = parents.tolist()
             chains, steps = tokens.tolist(), step_scores.tolist()

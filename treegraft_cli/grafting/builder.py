@@ -220,7 +220,7 @@ class LayerLoop:
         g.sync()
         full = set(proposal.full)
         allowed = sorted({head for head, parent in zip(heads, proposal.chain_parents, strict=True) if parent in full})
-        g.frontier = torch.tensor(best_nodes(tree.scores.tolist(), allowed, self.shape.top_k), dtype=torch.long)
+        g.frontier = torch.tensor(best_nodes(tree.host_list("scores"), allowed, self.shape.top_k), dtype=torch.long)
 
     def propose_weak(self, g: Growth, layer: int) -> WeakProposal:
         """The chains a skip at ``layer`` would add, looked up but not added (a policy may preview them)."""
@@ -281,7 +281,7 @@ class LayerLoop:
         tree, k = g.tree, self.shape.top_k
         with host_only():
             in_window = self.window_nodes(g, layer) if window is None else window
-            parents, tokens, scores = tree.listed("parents"), tree.listed("tokens"), tree.scores.tolist()
+            parents, tokens, scores = tree.listed("parents"), tree.listed("tokens"), tree.host_list("scores")
             nodes = needed_nodes(parents, scores, g.rows.tolist(), in_window, self.pool)
         self.strong.forward(committed, tree, torch.tensor(nodes, dtype=torch.long), g.rows, tree.ancestor_mask())
         with host_only():
@@ -297,12 +297,12 @@ class LayerLoop:
                 child_parents += [position] * k
                 child_tokens += found.top_tokens[c]
                 child_scores += [_float32(scores[position] + logp) for logp in found.top_logp[c]]
-            children = tree.add_rescored_children(child_parents, child_tokens, child_scores, ORIGIN_MODEL, scores)
+            children, scores = tree.add_rescored_children(child_parents, child_tokens, child_scores, ORIGIN_MODEL, scores)
             g.sync()
             if positions:
                 g.expanded[torch.tensor(positions)] = True
                 g.expanded_nodes.update(positions)
-            g.frontier = torch.tensor(best_nodes(tree.scores.tolist(), sorted(set(children)), k), dtype=torch.long)
+            g.frontier = torch.tensor(best_nodes(scores, sorted(set(children)), k), dtype=torch.long)
 
 
 @dataclass(frozen=True)

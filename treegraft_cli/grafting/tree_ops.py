@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from ..syncs import host_only
 from ..tree import DraftTree
 
 
@@ -68,8 +67,7 @@ def cut_to_budget(tree: DraftTree, budget: int) -> DraftTree:
 def _top_closed_on_host(tree: DraftTree, budget: int) -> list[int]:
     """``cut_to_budget``'s kept nodes (ascending, root first) for a host tree, in Python: the same capped scores
     (a running minimum down each path is the minimum over the ancestor row), the same stable order."""
-    with host_only():
-        parents, scores = tree.listed("parents"), tree.scores.tolist()
+    parents, scores = tree.listed("parents"), tree.host_list("scores")
     capped = list(scores)
     for i in range(1, len(capped)):  # parents first
         capped[i] = min(capped[parents[i]], scores[i])
