@@ -216,7 +216,7 @@ class SpeculativeDecoder:
         extras = self.method.readback(tree, verdict, logits)
         n = tree.num_nodes
         path = verdict.path[0]  # [n] root first, -1 after the deepest accepted node
-        chain = torch.cat([tree.tokens[path[1:].clamp(min=0)], verdict.bonus])  # [n]
+        chain = torch.cat([tree.tokens.index_select(0, path[1:].clamp(min=0)), verdict.bonus])  # [n]
         chain.scatter_(0, verdict.num_accepted, verdict.bonus)  # the bonus right after the accepted tokens
         # the tree's depths and origins ride along for the acceptance statistics (no read of their own)
         packed, *host = fetch(torch.cat([verdict.num_accepted, chain, path, tree.depths, tree.origins]), *extras)

@@ -215,15 +215,15 @@ class DraftTree:
         """
         m = parents.shape[0]
         b = self._buffers
-        rows = self._mask[parents.clamp(max=n - 1) if generations else parents]  # [m, capacity] the parent's row
+        rows = self._mask.index_select(0, parents.clamp(max=n - 1) if generations else parents)  # [m, capacity] the parent's row
         rows[:, n : n + m].fill_diagonal_(True)
         if generations:  # parents inside the batch: pointer doubling pulls in their rows
             inside = parents >= n
             rows[:, :n] &= ~inside[:, None]
             up = torch.where(inside, parents - n, torch.arange(m, device=self._device))
             for _ in range(generations.bit_length()):
-                rows |= rows[up]
-                up = up[up]
+                rows |= rows.index_select(0, up)
+                up = up.index_select(0, up)
         self._mask[n : n + m] = rows
         b["tokens"][n : n + m] = tokens
         b["parents"][n : n + m] = parents
@@ -426,12 +426,12 @@ class DraftTree:
         """
         k = kept.shape[0]
         new_index = torch.zeros(self._n, dtype=torch.long, device=self._device)
-        new_index[kept] = torch.arange(k, device=self._device)
-        buffers = {name: getattr(self, name)[kept] for name in COLUMNS}
-        buffers["parents"] = new_index[buffers["parents"].clamp(min=0)]
+        new_index.index_copy_(0, kept, torch.arange(k, device=self._device))
+        buffers = {name: getattr(self, name).index_select(0, kept) for name in COLUMNS}
+        buffers["parents"] = new_index.index_select(0, buffers["parents"].clamp(min=0))
         buffers["parents"][0] = -1
         tree = DraftTree.__new__(DraftTree)
-        tree._adopt(buffers, self.ancestor_mask()[kept][:, kept], k, self.host)
+        tree._adopt(buffers, self.ancestor_mask().index_select(0, kept).index_select(1, kept), k, self.host)
         return tree
 
     def top_by_score(self, budget: int) -> DraftTree:

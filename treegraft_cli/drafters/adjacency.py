@@ -147,8 +147,8 @@ class AdjacencyTable:
         if n == 1:  # a bare root: nothing to merge into, every candidate is new
             node[1:] = template.fresh_nodes(device) + n
             for _, slot, parent, rank, prior in columns:
-                tokens[slot] = successors[tokens[parent], rank]
-                scores[slot] = scores[parent] + prior  # slot s holds node n + s - 1 = s
+                tokens.index_copy_(0, slot, successors[tokens.index_select(0, parent), rank])
+                scores.index_copy_(0, slot, scores.index_select(0, parent) + prior)  # slot s holds node n + s - 1 = s
         else:
             self._resolve(tree, tokens, node, scores, successors, columns, template.fresh_levels(device, n))
         if n > 1:
@@ -170,14 +170,14 @@ class AdjacencyTable:
         existing = (tree.parents * (1 << 32) + tree.tokens)[None, :]  # [1, n] keys (parent, token)
         indices = torch.arange(n, device=tree.device)
         for (_, slot, parent, rank, prior), (fresh, fresh_column) in zip(columns, fresh_levels, strict=True):
-            parent_node = node[parent]
-            token = successors[tokens[parent], rank]
-            tokens[slot] = token
-            score = scores[parent_node] + prior
-            scores[fresh] = score
+            parent_node = node.index_select(0, parent)
+            token = successors[tokens.index_select(0, parent), rank]
+            tokens.index_copy_(0, slot, token)
+            score = scores.index_select(0, parent_node) + prior
+            scores.index_copy_(0, fresh, score)
             same = (parent_node * (1 << 32) + token)[:, None] == existing  # [l, n]; sentinel tokens match nothing
             resolved = torch.where(same, indices, fresh_column).amin(dim=1)  # the matching node, else the new one
-            node[slot] = resolved
+            node.index_copy_(0, slot, resolved)
             scores.scatter_reduce_(0, resolved, score, reduce="amax")  # a merged node keeps the higher score
 
     @staticmethod

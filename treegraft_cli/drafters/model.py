@@ -53,7 +53,7 @@ def show_tree(
     end_row = mask.shape[1] - 1
     mask[:, :first_row] = 0
     slots = torch.where(tree.kv_slot >= 0, tree.kv_slot, end_row)  # [num_nodes]
-    columns = torch.where(ancestor_mask[nodes], slots, end_row)  # [m, num_nodes]
+    columns = torch.where(ancestor_mask.index_select(0, nodes), slots, end_row)  # [m, num_nodes]
     mask.scatter_(1, on_device_of(columns, mask.device), 0.0)
 
 
@@ -96,11 +96,11 @@ class ModelDrafter:
         cache_length = self.lm.cache_length
         m = nodes.shape[0]
         end = cache_length + m
-        tree.kv_slot[nodes] = torch.arange(cache_length, end, device=tree.device)
+        tree.kv_slot.index_copy_(0, nodes, torch.arange(cache_length, end, device=tree.device))
         mask = hide_all(m, end, self.lm.dtype, self.device)
         show_tree(mask, tree, nodes, ancestor_mask, self.committed_length)
-        positions = on_device_of(tree.depths[nodes] + (self.committed_length - 1), self.device)
-        tokens = on_device_of(tree.tokens[nodes], self.device)
+        positions = on_device_of(tree.depths.index_select(0, nodes) + (self.committed_length - 1), self.device)
+        tokens = on_device_of(tree.tokens.index_select(0, nodes), self.device)
         logits = self.lm.forward(tokens, positions, mask=mask[:, :end])
         self.calls += 1
         return logits

@@ -102,7 +102,7 @@ class DenseMethod(ModelDraftingMethod):
         The parents are the last frontier, childless, and a top-k never repeats a token: every child is new.
         """
         top_logp, top_tokens = torch.topk(log_probs(logits), k, dim=-1)  # [p, k]
-        scores = (tree.scores[parents, None] + top_logp).flatten()  # [p * k] parent by parent
+        scores = (tree.scores.index_select(0, parents)[:, None] + top_logp).flatten()  # [p * k] parent by parent
         nodes = tree.append_children(parents.repeat_interleave(k), top_tokens.flatten(), scores, ORIGIN_MODEL)
         best = torch.topk(scores, min(k, nodes.shape[0])).indices
-        return nodes[best]
+        return nodes.index_select(0, best)
