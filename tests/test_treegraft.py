@@ -201,6 +201,18 @@ def test_target_logprob_cache_scores_and_penalises():
     assert cache.values.shape[0] == 2
 
 
+@pytest.mark.parametrize("penalty", [5.0, 0.3])  # 0.3 is not a float32: the host path must round as the tensor one
+def test_target_logprob_cache_scores_the_same_on_host_lists(penalty):
+    generator = torch.Generator().manual_seed(0)
+    cache = TargetLogProbCache(width=3, fallback_penalty=penalty)
+    cache.append(0, torch.randn(6, 11, generator=generator) * 4)
+    positions = torch.randint(0, 8, (40,), generator=generator)  # 6 and 7 have no row
+    tokens = torch.randint(0, 11, (40,), generator=generator)
+    assert cache.score_on_host(positions.tolist(), tokens.tolist()) == cache.score(positions, tokens).tolist()
+    assert TargetLogProbCache(2, penalty).score_on_host([0, 3], [1, 2]) == TargetLogProbCache(2, penalty).score(
+        torch.tensor([0, 3]), torch.tensor([1, 2])).tolist()
+
+
 # -- scheduler features and policies -------------------------------------------------------------------
 
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..syncs import read
+from ..syncs import host_only, read
+from ..tree import _float32
 
 
 class TargetLogProbCache:
@@ -65,6 +66,29 @@ class TargetLogProbCache:
         fallback = self.values[safe, -1] - self.fallback_penalty
         scored = torch.where(in_top, value, fallback)
         return torch.where(known, scored, -self.fallback_penalty)
+
+    def score_on_host(self, positions: list[int], tokens: list[int]) -> list[float]:
+        """``score`` for host lists: two row gathers and one read of them, then Python (a weak layer scores a few
+        dozen chain tokens; per-token tensor ops would cost more). The same float32 values: a hit's own value,
+        else the W-th best minus the penalty rounded as a float32 subtraction."""
+        if not positions:
+            return []
+        length = self.values.shape[0]
+        if length == 0:
+            return [_float32(-self.fallback_penalty)] * len(positions)
+        rows = torch.tensor([min(p, length - 1) for p in positions])
+        with host_only():
+            values, top = self.values.index_select(0, rows).tolist(), self.tokens.index_select(0, rows).tolist()
+        penalty = _float32(self.fallback_penalty)
+        out = []
+        for position, token, row, row_tokens in zip(positions, tokens, values, top, strict=True):
+            if position >= length:
+                out.append(_float32(-self.fallback_penalty))
+            elif token in row_tokens:
+                out.append(row[row_tokens.index(token)])
+            else:
+                out.append(_float32(row[-1] - penalty))
+        return out
 
 
 @dataclass(frozen=True)

@@ -256,13 +256,13 @@ class LayerLoop:
         """
         if not chains:
             return torch.empty(0, 1, dtype=torch.long), torch.empty(0, 1)
-        lengths = [len(c.tokens) for _, c in chains]
-        width = max(lengths)
-        padded = torch.tensor([list(c.tokens) + [0] * (width - len(c.tokens)) for _, c in chains])
-        positions = torch.tensor([[c.position + j for j in range(width)] for _, c in chains])
-        logp = self.target_logp.score(positions.flatten(), padded.flatten()).view(len(chains), width)
-        valid = torch.tensor([[j < length for j in range(width)] for length in lengths])
-        return padded, torch.where(valid, logp, float("-inf"))
+        width = max(len(c.tokens) for _, c in chains)
+        positions = [c.position + j for _, c in chains for j in range(len(c.tokens))]
+        scored = iter(self.target_logp.score_on_host(positions, [t for _, c in chains for t in c.tokens]))
+        pad = [float("-inf")] * width
+        logp = [[next(scored) for _ in c.tokens] + pad[len(c.tokens) :] for _, c in chains]
+        padded = [list(c.tokens) + [0] * (width - len(c.tokens)) for _, c in chains]
+        return torch.tensor(padded), torch.tensor(logp)
 
     def add_chains(self, tree: DraftTree, proposal: WeakProposal) -> list[int]:  # -> [c] chain head nodes
         """Hang every chain under its parent (merging into existing nodes); return the heads."""
