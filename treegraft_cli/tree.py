@@ -233,6 +233,34 @@ class DraftTree:
         self._n = n + m
         self._refresh()
 
+    def _write_lists(self, n: int, parents: list[int], tokens: list[int], origin: int) -> None:
+        """``_write`` for a host tree from host lists (scores are the caller's to write): depths and ancestors
+        inside the batch are worked out in Python, so a batch of chains needs no pointer doubling. The tree's
+        cached structure lists are extended, not dropped."""
+        m, capacity = len(parents), self._capacity
+        depths = self.listed("depths")
+        new_depths, anchors, marks = [], [], []  # anchors: nearest ancestor already in the tree
+        for j, parent in enumerate(parents):
+            new_depths.append((depths[parent] if parent < n else new_depths[parent - n]) + 1)
+            marks.append(j * capacity + n + j)  # the node itself
+            while parent >= n:  # ancestors in this batch (parents come first)
+                marks.append(j * capacity + parent)
+                parent = parents[parent - n]
+            anchors.append(parent)
+        lists = {name: self.listed(name) for name in _STRUCTURE}
+        rows = self._mask.index_select(0, torch.tensor(anchors))  # [m, capacity] the anchors' rows
+        rows.view(-1).index_fill_(0, torch.tensor(marks), True)
+        self._mask[n : n + m] = rows
+        b = self._buffers
+        b["tokens"][n : n + m] = torch.tensor(tokens)
+        b["parents"][n : n + m] = torch.tensor(parents)
+        b["depths"][n : n + m] = torch.tensor(new_depths)
+        b["origins"][n : n + m] = origin
+        self._n = n + m
+        self._refresh()
+        for name, column in (("tokens", tokens), ("parents", parents), ("depths", new_depths)):
+            self._views[("list", name)] = lists[name] + column
+
     def add_children(
         self,
         parents: torch.Tensor,  # [m] node indices
@@ -338,10 +366,9 @@ class DraftTree:
                 final[node] = score
             if new_parents:
                 self._reserve(len(new_parents))
-                self._write(n, torch.tensor(new_parents), torch.tensor(new_tokens),
-                            torch.tensor(final[n:], dtype=torch.float32), origin)
+                self._write_lists(n, new_parents, new_tokens, origin)
                 self._indexed = self._n  # the index holds the new keys already
-            self.scores = torch.tensor(final, dtype=torch.float32)
+            self._buffers["scores"][: self._n] = torch.tensor(final)  # every node's settled score in one write
             return nodes, final
 
     def add_chains(
@@ -387,12 +414,10 @@ class DraftTree:
                     heads = list(current)
             if new_parents:
                 self._reserve(n - start)
-                self._write(start, torch.tensor(new_parents), torch.tensor(new_tokens), torch.tensor(scores[start:]),
-                            origin, generations=tokens.shape[1])
+                self._write_lists(start, new_parents, new_tokens, origin)
                 self._indexed = n  # the index holds the new keys already
-            old = sorted(j for j in touched if j < start)
-            if old:
-                self.scores[torch.tensor(old)] = torch.tensor([scores[j] for j in old])
+            if new_parents or touched:
+                self._buffers["scores"][:n] = torch.tensor(scores)  # new nodes' and merged nodes' scores in one write
             return heads
 
     def _indexed_keys(self) -> dict[tuple[int, int], int]:
