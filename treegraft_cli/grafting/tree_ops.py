@@ -7,21 +7,6 @@ import torch
 from ..tree import DraftTree
 
 
-def pad_column(column: torch.Tensor, length: int, fill) -> torch.Tensor:  # [n] -> [length]
-    """Grow a per-node side column to ``length`` nodes (the tree only ever appends)."""
-    extra = length - column.shape[0]
-    if extra <= 0:
-        return column
-    return torch.cat([column, torch.full((extra,), fill, dtype=column.dtype, device=column.device)])
-
-
-def has_children(tree: DraftTree) -> torch.Tensor:
-    """[num_nodes] bool: the node is some node's parent."""
-    marks = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
-    marks[tree.parents[1:]] = True
-    return marks
-
-
 def monotone_scores(tree: DraftTree) -> torch.Tensor:
     """[num_nodes] each score capped by its ancestors' (unscored chain tokens and merges can break the order):
     the minimum over the node's ancestor-mask row."""
