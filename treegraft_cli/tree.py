@@ -75,13 +75,14 @@ class DraftTree:
 
     @classmethod
     def from_root(cls, root_token: int | torch.Tensor, device: torch.device | str = "cpu", capacity: int = 0,
-                  host: bool = False) -> DraftTree:
-        """A tree holding the root only; ``root_token`` may be a one-element tensor (no read)."""
+                  host: bool = False, parts: tuple[torch.Tensor, ...] | None = None) -> DraftTree:
+        """A tree holding the root only; ``root_token`` may be a one-element tensor (no read). ``parts``: fresh
+        buffers of a root-only tree of this capacity (``RootTrees``), else they are allocated here."""
         device = device if isinstance(device, torch.device) else torch.device(device)
         capacity = capacity or INITIAL_CAPACITY
         tree = cls.__new__(cls)
         tree._device = device
-        buffers, mask = _fresh(device, capacity)
+        buffers, mask = _columns(parts if parts is not None else _fresh(device, capacity))
         if isinstance(root_token, torch.Tensor):
             buffers["tokens"][:1] = root_token.reshape(1)
         else:
@@ -397,7 +398,7 @@ class DraftTree:
             heads: list[int] = []
             for level in range(tokens.shape[1]):
                 active = [c for c, row in enumerate(steps) if row[level] != float("-inf")]
-                offered = [_float32(scores[current[c]] + steps[c][level]) for c in active]
+                offered = [float32(scores[current[c]] + steps[c][level]) for c in active]
                 for c, score in zip(active, offered, strict=True):
                     key = (current[c], chains[c][level])
                     node = index.get(key)
@@ -505,26 +506,40 @@ class DraftTree:
             raise AssertionError("siblings must have distinct tokens")
 
 
-_PROTOTYPES: dict[tuple[torch.device, int], tuple[torch.Tensor, ...]] = {}
+def _fresh(device: torch.device, capacity: int) -> tuple[torch.Tensor, ...]:
+    """(int64 columns [4, capacity], scores, origins, ancestor mask) of a root-only tree with token 0."""
+    longs = torch.tensor([_FILL[COLUMNS.index(name)] for name in _LONG_COLUMNS], device=device)
+    longs = longs[:, None].repeat(1, capacity)  # the int64 columns share one block: one copy makes them all
+    scores = torch.full((capacity,), float("-inf"), device=device)
+    scores[0] = 0.0
+    mask = torch.zeros(capacity, capacity, dtype=torch.bool, device=device)
+    mask[0, 0] = True
+    return longs, scores, torch.zeros(capacity, dtype=torch.int8, device=device), mask
 
 
-def _fresh(device: torch.device, capacity: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """Column buffers and ancestor mask of a root-only tree, token 0: copies of a prototype kept per device and
-    capacity (every step starts a tree: three copies cost less than seven allocations and the root's writes)."""
-    prototype = _PROTOTYPES.get((device, capacity))
-    if prototype is None:
-        # the int64 columns share one block: one copy makes them all
-        longs = torch.tensor([_FILL[COLUMNS.index(name)] for name in _LONG_COLUMNS], device=device)
-        longs = longs[:, None].repeat(1, capacity)
-        scores = torch.full((capacity,), float("-inf"), device=device)
-        scores[0] = 0.0
-        mask = torch.zeros(capacity, capacity, dtype=torch.bool, device=device)
-        mask[0, 0] = True
-        prototype = _PROTOTYPES[(device, capacity)] = (longs, scores, torch.zeros(capacity, dtype=torch.int8, device=device), mask)
-    longs, scores, origins, mask = (t.clone() for t in prototype)
+def _columns(parts: tuple[torch.Tensor, ...]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    longs, scores, origins, mask = parts
     buffers = dict(zip(_LONG_COLUMNS, longs.unbind(0), strict=True))
     buffers["scores"], buffers["origins"] = scores, origins
     return buffers, mask
+
+
+class RootTrees:
+    """Each step's root-only tree, copied from a prototype built once per device and capacity: a tree builder
+    starts a tree every step, and three copies cost less than seven allocations and the root's writes.
+    Each tree builder owns one."""
+
+    def __init__(self) -> None:
+        self._prototypes: dict[tuple[torch.device, int], tuple[torch.Tensor, ...]] = {}
+
+    def tree(self, root_token: int | torch.Tensor, device: torch.device | str = "cpu", capacity: int = 0,
+             host: bool = False) -> DraftTree:
+        device = device if isinstance(device, torch.device) else torch.device(device)
+        capacity = capacity or INITIAL_CAPACITY
+        prototype = self._prototypes.get((device, capacity))
+        if prototype is None:
+            prototype = self._prototypes[(device, capacity)] = _fresh(device, capacity)
+        return DraftTree.from_root(root_token, device, capacity, host, tuple(t.clone() for t in prototype))
 
 
 def _as(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -532,7 +547,7 @@ def _as(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
-def _float32(value: float) -> float:
+def float32(value: float) -> float:
     """``value`` rounded to the nearest float32 (what a float32 tensor would hold)."""
     return struct.unpack("f", struct.pack("f", value))[0]
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ..syncs import host_only, read
-from ..tree import _float32
+from ..tree import float32
 
 
 class TargetLogProbCache:
@@ -75,19 +75,19 @@ class TargetLogProbCache:
             return []
         length = self.values.shape[0]
         if length == 0:
-            return [_float32(-self.fallback_penalty)] * len(positions)
+            return [float32(-self.fallback_penalty)] * len(positions)
         rows = torch.tensor([min(p, length - 1) for p in positions])
         with host_only():
             values, top = self.values.index_select(0, rows).tolist(), self.tokens.index_select(0, rows).tolist()
-        penalty = _float32(self.fallback_penalty)
+        penalty = float32(self.fallback_penalty)
         out = []
         for position, token, row, row_tokens in zip(positions, tokens, values, top, strict=True):
             if position >= length:
-                out.append(_float32(-self.fallback_penalty))
+                out.append(float32(-self.fallback_penalty))
             elif token in row_tokens:
                 out.append(row[row_tokens.index(token)])
             else:
-                out.append(_float32(row[-1] - penalty))
+                out.append(float32(row[-1] - penalty))
         return out
 
 

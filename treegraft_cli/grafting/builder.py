@@ -33,7 +33,7 @@ from ..drafters import StrongDrafter
 from ..drafters.ngram import Continuation, NgramIndex, TargetLogProbCache
 from ..lm import on_device_of
 from ..syncs import fetch, host_only
-from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree, _float32
+from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree, RootTrees, float32
 from .config import TreeGraftConfig
 from .scheduler import CallPolicy, CostModel, SchedulerState, WeakPreview, features
 from .tree_ops import cut_to_budget
@@ -57,10 +57,10 @@ class Growth:
     expanded_nodes: set[int] = field(default_factory=set)  # where ``expanded`` is set, on the host
 
     @classmethod
-    def start(cls, root_token: int, device: torch.device = HOST) -> Growth:
+    def start(cls, root_token: int, device: torch.device = HOST, roots: RootTrees | None = None) -> Growth:
         """A host tree holding the root: the layer loop runs on the host (its weak drafter is host-side by
         nature); only the strong drafter's forwards and look-ups run on the device."""
-        tree = DraftTree.from_root(root_token, device, host=True)
+        tree = (roots or RootTrees()).tree(root_token, device, host=True)
         expanded = torch.zeros(1, dtype=torch.bool, device=device)
         return cls(tree, torch.zeros(1, dtype=torch.long, device=device), expanded, set(), torch.full((1,), -1, device=device))
 
@@ -119,6 +119,7 @@ class LayerLoop:
         self.index = index
         self.target_logp = target_logp
         self.strong = strong
+        self.roots = RootTrees()
 
     @property
     def pool(self) -> int:
@@ -141,7 +142,7 @@ class LayerLoop:
         self.index.sync(committed)
         if self.strong is not None:
             self.strong.start_step()
-        g = Growth.start(self.index.context[-1])
+        g = Growth.start(self.index.context[-1], roots=self.roots)
         records = []
         for layer in range(1, self.shape.depth + 1):
             with host_only():
@@ -296,7 +297,7 @@ class LayerLoop:
                 c = candidates.index(position)
                 child_parents += [position] * k
                 child_tokens += found.top_tokens[c]
-                child_scores += [_float32(scores[position] + logp) for logp in found.top_logp[c]]
+                child_scores += [float32(scores[position] + logp) for logp in found.top_logp[c]]
             children, scores = tree.add_rescored_children(child_parents, child_tokens, child_scores, ORIGIN_MODEL, scores)
             g.sync()
             if positions:
@@ -356,7 +357,7 @@ def rescored(scores: list[float], parents: list[int], local: list[float]) -> lis
     score stays): the values a float32 pass per depth gives."""
     scores = list(scores)
     for i in range(1, len(scores)):
-        scores[i] = _float32(scores[parents[i]] + local[i - 1])
+        scores[i] = float32(scores[parents[i]] + local[i - 1])
     return scores
 
 

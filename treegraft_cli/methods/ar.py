@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..tree import DraftTree
-from .base import Method, register
+from ..config import DecodeConfig
+from ..tree import DraftTree, RootTrees
+from .base import Method, Models, register
 
 
 @register
@@ -15,5 +16,9 @@ class AutoregressiveMethod(Method):
     name = "ar"
     description = "plain target decoding (baseline)"
 
+    def __init__(self, models: Models, config: DecodeConfig):
+        super().__init__(models, config)
+        self.roots = RootTrees()
+
     def draft(self, committed: torch.Tensor) -> DraftTree:
-        return DraftTree.from_root(committed[-1:], self.models.target.device, capacity=1)
+        return self.roots.tree(committed[-1:], self.models.target.device, capacity=1)

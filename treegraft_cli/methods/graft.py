@@ -35,7 +35,7 @@ from ..drafters.adjacency import AdjacencyTable
 from ..drafters.rank_template import BASE_TEMPLATE, RankTemplate, build_template, scale_counts
 from ..errors import ConfigError
 from ..syncs import host_value, read
-from ..tree import DraftTree
+from ..tree import DraftTree, RootTrees
 from ..verify import Verdict
 from .base import Method, Models, Observation, Prefill, register
 from .model_drafting import DenseMethod
@@ -112,6 +112,7 @@ class AdjacencyMethod(Method):
         counts = self.options.template or scale_counts(self.options.base_template, budget, k)
         self.template = build_template(counts, budget, k, models.target.device)
         self.table = AdjacencyTable(k, models.target.device)
+        self.roots = RootTrees()
 
     def reset_table(self) -> None:
         self.table.reset()
@@ -123,7 +124,7 @@ class AdjacencyMethod(Method):
         self.table.write_prompt(prefill.prompt_ids, prefill.logits)
 
     def draft(self, committed: torch.Tensor) -> DraftTree:
-        tree = DraftTree.from_root(committed[-1:], self.models.target.device, capacity=self.config.tree.budget + 1)
+        tree = self.roots.tree(committed[-1:], self.models.target.device, capacity=self.config.tree.budget + 1)
         return self.table.graft(tree, self.template, self.config.tree.budget)
 
     def observe(self, observation: Observation) -> None:
@@ -189,7 +190,7 @@ class GraftMethod(DenseMethod):
         k, budget = self.config.tree.top_k, self.config.tree.budget
         self.fired, self.deferred = None, None
         depth = self.config.tree.depth
-        tree = DraftTree.from_root(committed[-1:], self.drafter.device, capacity=1 + k + (depth - 1) * k * k)
+        tree = self.roots.tree(committed[-1:], self.drafter.device, capacity=1 + k + (depth - 1) * k * k)
         logits = self.drafter.begin_step(committed)[None]
         frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
         for layer in range(self.config.tree.depth):

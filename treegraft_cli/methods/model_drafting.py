@@ -7,7 +7,7 @@ import torch
 from ..config import DecodeConfig
 from ..drafters import make_model_drafter
 from ..syncs import host_value
-from ..tree import ORIGIN_MODEL, DraftTree
+from ..tree import ORIGIN_MODEL, DraftTree, RootTrees
 from ..verify import Verdict
 from .base import Method, Models, Observation, register
 
@@ -32,6 +32,7 @@ class ModelDraftingMethod(Method):
     def __init__(self, models: Models, config: DecodeConfig):
         super().__init__(models, config)
         self.drafter = make_model_drafter(models.drafter, models.target)
+        self.roots = RootTrees()
 
     def start(self, prefill) -> None:
         self.drafter.reset()
@@ -56,7 +57,7 @@ class ChainMethod(ModelDraftingMethod):
 
     def draft(self, committed: torch.Tensor) -> DraftTree:
         length = min(self.config.tree.depth, self.config.tree.budget)
-        tree = DraftTree.from_root(committed[-1:], self.drafter.device, capacity=length + 1)
+        tree = self.roots.tree(committed[-1:], self.drafter.device, capacity=length + 1)
         logits = self.drafter.begin_step(committed)[None]
         last = torch.zeros(1, dtype=torch.long, device=tree.device)
         for depth in range(1, length + 1):
@@ -81,7 +82,7 @@ class DenseMethod(ModelDraftingMethod):
     def grow(self, committed: torch.Tensor, depth: int) -> DraftTree:
         """The full candidate pool: K children of the root, then K children of each of the K best new nodes per depth."""
         k = self.config.tree.top_k
-        tree = DraftTree.from_root(committed[-1:], self.drafter.device, capacity=1 + k + (depth - 1) * k * k)
+        tree = self.roots.tree(committed[-1:], self.drafter.device, capacity=1 + k + (depth - 1) * k * k)
         root_logits = self.drafter.begin_step(committed)
         frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
         frontier = self.expand(tree, frontier, root_logits[None], k)

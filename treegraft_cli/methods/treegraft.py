@@ -23,7 +23,7 @@ from ..grafting.history import StepHistory
 from ..grafting.scheduler import LEARNED, POLICY_FACTORIES, CallPolicy, CostModel, make_policy
 from ..grafting.step_rule import StepRule
 from ..syncs import fetch, host_only
-from ..tree import ORIGIN_NGRAM, DraftTree
+from ..tree import ORIGIN_NGRAM, DraftTree, RootTrees
 from ..verify import Verdict
 from .base import Method, Models, Observation, Prefill, register
 
@@ -232,6 +232,7 @@ class NgramMethod(Method):
     def __init__(self, models: Models, config: DecodeConfig):
         super().__init__(models, config)
         self.index = NgramIndex(self.options.max_n)
+        self.roots = RootTrees()
 
     def start(self, prefill: Prefill) -> None:
         self.index.reset()
@@ -242,7 +243,7 @@ class NgramMethod(Method):
         length = min(self.options.chain_length, self.config.tree.budget)
         found = self.index.continuations(self.index.context[-self.options.max_n :], self.options.max_n, 1, length)
         chain = list(found[0].tokens) if found else []
-        tree = DraftTree.from_root(committed[-1:], self.models.target.device, capacity=len(chain) + 1)
+        tree = self.roots.tree(committed[-1:], self.models.target.device, capacity=len(chain) + 1)
         if chain:  # one chain: node i's parent is node i - 1, all new
             m = len(chain)
             tree._write(1, torch.arange(m, device=tree.device), torch.tensor(chain, device=tree.device),
