@@ -13,14 +13,14 @@ from treegraft_cli.config import DecodeConfig, TreeConfig
 from treegraft_cli.drafters import Eagle3Drafter, Eagle3TreeDrafter, make_model_drafter, make_strong_drafter
 from treegraft_cli.engine import SpeculativeDecoder
 from treegraft_cli.errors import ModelError
-from treegraft_cli.grafting.costs import measure_costs
-from treegraft_cli.grafting.scheduler import CallPolicy
 from treegraft_cli.lm import CausalLM, additive_mask
 from treegraft_cli.methods import Prefill
 from treegraft_cli.models import LoadedModel, load_model, load_pair, parse_pair, resolve
 from treegraft_cli.models.eagle3 import aux_hidden_indices, save_eagle3_head
 from treegraft_cli.models.eagle3_head import Eagle3Head
 from treegraft_cli.pipeline import Pipeline
+from treegraft_cli.scheduling.costs import measure_costs
+from treegraft_cli.scheduling.policies import CallPolicy
 from treegraft_cli.scheduling.profiler import ProfileSettings, measure_profile
 from treegraft_cli.scheduling.rollouts import CollectSettings, probing_decoder
 from treegraft_cli.tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree

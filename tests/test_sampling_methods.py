@@ -33,11 +33,11 @@ from test_eagle3 import head_config
 from treegraft_cli.backends import VerifyBackend
 from treegraft_cli.config import DecodeConfig, SamplingConfig, TreeConfig
 from treegraft_cli.engine import SpeculativeDecoder
-from treegraft_cli.grafting.scheduler import FEATURE_NAMES
 from treegraft_cli.lm import CausalLM
 from treegraft_cli.models import LoadedModel, load_pair
 from treegraft_cli.models.eagle3_head import Eagle3Head
 from treegraft_cli.scheduling.artifact import DistilledScheduler, Normaliser, build_mlp
+from treegraft_cli.scheduling.policies import FEATURE_NAMES
 from treegraft_cli.verify import Verdict, process_logits
 
 NEW = 3  # tokens compared per draw

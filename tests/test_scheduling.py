@@ -17,8 +17,13 @@ from typer.testing import CliRunner
 from treegraft_cli.cli import app
 from treegraft_cli.config import DecodeConfig, TreeConfig
 from treegraft_cli.errors import ConfigError
-from treegraft_cli.grafting.history import StepHistory
-from treegraft_cli.grafting.scheduler import (
+from treegraft_cli.methods import Prefill
+from treegraft_cli.pipeline import Pipeline
+from treegraft_cli.profiles import load_profile
+from treegraft_cli.scheduling.artifact import load_scheduler
+from treegraft_cli.scheduling.cost_profile import CostProfile, load_cost_profile, save_cost_profile
+from treegraft_cli.scheduling.history import StepHistory
+from treegraft_cli.scheduling.policies import (
     FEATURE_NAMES,
     FEATURE_SETS,
     HISTORY_FEATURE_NAMES,
@@ -27,15 +32,10 @@ from treegraft_cli.grafting.scheduler import (
     SchedulerState,
     features,
 )
-from treegraft_cli.grafting.step_rule import LearnedStepRule
-from treegraft_cli.methods import Prefill
-from treegraft_cli.pipeline import Pipeline
-from treegraft_cli.profiles import load_profile
-from treegraft_cli.scheduling.artifact import load_scheduler
-from treegraft_cli.scheduling.cost_profile import CostProfile, load_cost_profile, save_cost_profile
 from treegraft_cli.scheduling.replay import price
 from treegraft_cli.scheduling.rollouts import CollectSettings, probing_decoder
 from treegraft_cli.scheduling.shards import read_rollouts
+from treegraft_cli.scheduling.step_rule import LearnedStepRule
 from treegraft_cli.tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree
 
 PAIR = "tiny-random@layers=2:tiny-random"

@@ -14,9 +14,12 @@ from treegraft_cli.drafters.ngram import NgramIndex, TargetLogProbCache
 from treegraft_cli.engine import SpeculativeDecoder
 from treegraft_cli.errors import ConfigError
 from treegraft_cli.grafting.builder import Growth
-from treegraft_cli.grafting.calibration import AcceptanceCalibration
 from treegraft_cli.grafting.config import TreeGraftConfig
-from treegraft_cli.grafting.scheduler import (
+from treegraft_cli.grafting.tree_ops import cut_to_budget, graft_window
+from treegraft_cli.lm import CausalLM
+from treegraft_cli.methods import Models, Prefill, create_method
+from treegraft_cli.scheduling.calibration import AcceptanceCalibration
+from treegraft_cli.scheduling.policies import (
     AllMid,
     CostAwareRule,
     CostModel,
@@ -25,12 +28,9 @@ from treegraft_cli.grafting.scheduler import (
     SchedulerState,
     WeakPreview,
     features,
-    make_policy,
 )
-from treegraft_cli.grafting.step_rule import StepRule, WeakOutcomes, chain_match
-from treegraft_cli.grafting.tree_ops import cut_to_budget, graft_window
-from treegraft_cli.lm import CausalLM
-from treegraft_cli.methods import Models, Prefill, create_method
+from treegraft_cli.scheduling.registry import make_policy
+from treegraft_cli.scheduling.step_rule import StepRule, WeakOutcomes, chain_match
 from treegraft_cli.tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree
 
 SMALL_TREE = TreeConfig(budget=20, depth=4, top_k=4)

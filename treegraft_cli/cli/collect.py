@@ -12,11 +12,11 @@ from datasets.utils.logging import disable_progress_bar
 from ..atomic import ensure_writable_dir
 from ..bench.suites import BENCHMARKS, suite_questions
 from ..config import parse_options
-from ..grafting.scheduler import make_policy
 from ..methods import METHODS, check_method
 from ..pipeline import Pipeline
 from ..scheduling.cost_profile import CostProfile, load_cost_profile, profile_from_document
 from ..scheduling.profiler import ProfileSettings, measure_profile
+from ..scheduling.registry import make_policy
 from ..scheduling.rollouts import POLICY_ITSELF, CollectSettings, parse_shard
 from ..scheduling.rollouts import collect as run_collect
 from ..scheduling.shards import FORMATS, SETTINGS_FILE, read_settings

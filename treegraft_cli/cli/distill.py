@@ -9,11 +9,11 @@ import typer
 
 from ..atomic import ensure_writable_dir
 from ..grafting.config import parse_layers
-from ..grafting.scheduler import FEATURE_SETS
 from ..scheduling.artifact import load_scheduler
 from ..scheduling.cost_profile import load_cost_profile, profile_from_document
 from ..scheduling.distill import VALUE_RATE, DistillSettings
 from ..scheduling.distill import distill as run_distill
+from ..scheduling.policies import FEATURE_SETS
 from ..scheduling.replay import (
     FIXED_POLICIES,
     load_results,

@@ -32,10 +32,10 @@ from ..config import TreeConfig
 from ..drafters import StrongDrafter
 from ..drafters.ngram import Continuation, NgramIndex, TargetLogProbCache
 from ..lm import on_device_of
+from ..scheduling.policies import CallPolicy, CostModel, SchedulerState, WeakPreview, features
 from ..syncs import fetch, host_only
 from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree, RootTrees, float32
 from .config import TreeGraftConfig
-from .scheduler import CallPolicy, CostModel, SchedulerState, WeakPreview, features
 from .tree_ops import cut_to_budget
 
 HOST = torch.device("cpu")

@@ -18,10 +18,11 @@ from ..drafters import StrongDrafter, make_strong_drafter
 from ..drafters.ngram import NgramIndex, TargetLogProbCache
 from ..grafting.builder import LayerLoop, LayerRecord
 from ..grafting.config import TreeGraftConfig
-from ..grafting.costs import measure_costs
-from ..grafting.history import StepHistory
-from ..grafting.scheduler import LEARNED, POLICY_FACTORIES, CallPolicy, CostModel, make_policy
-from ..grafting.step_rule import StepRule
+from ..scheduling.costs import measure_costs
+from ..scheduling.history import StepHistory
+from ..scheduling.policies import CallPolicy, CostModel
+from ..scheduling.registry import LEARNED, POLICY_FACTORIES, make_policy
+from ..scheduling.step_rule import StepRule
 from ..syncs import fetch, host_only
 from ..tree import ORIGIN_NGRAM, DraftTree, RootTrees
 from ..verify import Verdict

@@ -1,2 +1,12 @@
-"""Learning the TreeGraft scheduler: cost profiles (``profile``), the offline value system (``collect``),
-the distilled MLP (``distill``) and replay of policies under other cost profiles. No CLI code here."""
+"""The TreeGraft scheduler: when the strong drafter is worth a call, decided by rules and learned offline.
+
+Deciding: ``policies`` (the state a policy sees, its features, the cost model and the rules) ·
+``step_rule`` (the default rule, per step, and the per-step learned scheduler) · ``calibration``
+(measured acceptance) · ``history`` (the recent steps, for the extended features) · ``costs`` (the warm-up
+cost measurement) · ``registry`` (policies by name).
+
+Learning: ``profiler`` and ``cost_profile`` (``treegraft profile``) · ``rollouts`` and ``values`` (the
+offline value system, ``treegraft collect``) · ``shards`` (resumable rollout storage) · ``distill`` and
+``artifact`` (the MLP, ``treegraft distill``) · ``replay`` (policies re-priced under other costs). No CLI code
+here.
+"""

@@ -3,7 +3,7 @@
 The artifact is one JSON file (no pickle: loading runs no code)::
 
     kind: treegraft-scheduler, version: 1
-    feature_names: the inputs in order, one of ``grafting.scheduler.FEATURE_SETS`` (checked on load): the
+    feature_names: the inputs in order, one of ``scheduling.policies.FEATURE_SETS`` (checked on load): the
         paper's 17, or those and the 6 history features (``extended``); a per-step scheduler adds the kind it prices
     decides: layer (call or skip at each layer) or step (the step's kind, at layer 1; ``LearnedStepRule``)
     full_layers: the layers a full strong step called at in the per-step rollouts
@@ -33,8 +33,8 @@ import torch
 from ..atomic import atomic_write_text
 from ..errors import ConfigError
 from ..grafting.config import TreeGraftConfig
-from ..grafting.scheduler import FEATURE_NAMES, FEATURE_SETS, STEP_KIND_FEATURE_NAMES, CallPolicy, MarginPolicy
-from ..grafting.step_rule import LearnedStepRule
+from .policies import FEATURE_NAMES, FEATURE_SETS, STEP_KIND_FEATURE_NAMES, CallPolicy, MarginPolicy
+from .step_rule import LearnedStepRule
 
 KIND = "treegraft-scheduler"
 HIDDEN = (64, 32)

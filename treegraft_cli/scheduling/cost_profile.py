@@ -34,7 +34,7 @@ import yaml
 
 from ..atomic import atomic_write_text
 from ..errors import ConfigError
-from ..grafting.scheduler import CostModel
+from .policies import CostModel
 
 KIND = "treegraft-cost-profile"
 FIX = "write it with `treegraft profile --out FILE`"
@@ -77,7 +77,7 @@ class CostProfile:
         return _surface(self.contexts, self.tree_tokens, self.drafter_ms, context, tokens) if self.drafter_ms else 0.0
 
     def cost_model(self, budget: int, width: int, context: int) -> CostModel:
-        """The scheduler's costs, as ``grafting.costs.measure_costs`` defines them: a target forward of a
+        """The scheduler's costs, as ``scheduling.costs.measure_costs`` defines them: a target forward of a
         full tree (N + 1 tokens), a strong call over 2·K tokens, and a target forward of the root alone."""
         return CostModel(
             self.target_forward_ms(budget + 1, context),

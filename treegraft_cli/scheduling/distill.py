@@ -28,9 +28,9 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from ..grafting.scheduler import STEP_KIND_NAMES, kind_one_hot
 from .artifact import HIDDEN, DistilledScheduler, Normaliser, build_mlp
 from .cost_profile import CostProfile
+from .policies import STEP_KIND_NAMES, kind_one_hot
 from .replay import PricedSteps, price, price_steps
 from .shards import table_columns
 from .values import REAL_COLUMNS

@@ -26,9 +26,9 @@ from ..drafters.adjacency import AdjacencyTable
 from ..drafters.ngram import NgramIndex
 from ..drafters.rank_template import build_template
 from ..errors import ConfigError
-from ..grafting.costs import timing_lm
 from ..lm import CausalLM
 from .cost_profile import CostProfile
+from .costs import timing_lm
 
 Progress = Callable[[str, int, int], None]  # (description, done, total)
 
@@ -81,7 +81,7 @@ def forward_curve(
     model: nn.Module, settings: ProfileSettings, label: str, progress: Progress, done: int, total: int
 ) -> tuple[tuple[float, ...], ...]:
     """[context][tree_tokens] median ms of one forward of ``model`` (a causal LM or an EAGLE-3 head, see
-    ``grafting.costs.timing_lm``); ``done``/``total`` count grid points for progress."""
+    ``scheduling.costs.timing_lm``); ``done``/``total`` count grid points for progress."""
     lm = timing_lm(model)
     generator = torch.Generator().manual_seed(settings.seed)
     vocab = int(model.config.vocab_size)

@@ -27,10 +27,10 @@ import torch
 
 from ..errors import ConfigError
 from ..grafting.config import parse_layers
-from ..grafting.scheduler import kind_one_hot
 from ..methods.treegraft import COST_CONTEXT
 from .artifact import DistilledScheduler
 from .cost_profile import CostProfile
+from .policies import kind_one_hot
 from .shards import table_columns
 from .values import REAL_COLUMNS, decision_values, running_rates
 

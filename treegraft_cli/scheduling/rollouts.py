@@ -52,13 +52,13 @@ import torch
 from ..config import DecodeConfig
 from ..engine import SpeculativeDecoder
 from ..errors import ConfigError
-from ..grafting.scheduler import FEATURE_NAMES, HISTORY_FEATURE_NAMES, CallPolicy, make_policy
-from ..grafting.step_rule import kind_layers
 from ..methods import Method, Observation, Prefill
 from ..methods.treegraft import COST_CONTEXT, TreeGraftMethod
 from ..pipeline import Pipeline, chat_messages
 from ..tree import DraftTree
 from .cost_profile import CostProfile, profile_document, profile_from_document
+from .policies import FEATURE_NAMES, HISTORY_FEATURE_NAMES, CallPolicy
+from .registry import make_policy
 from .shards import (
     SETTINGS_FILE,
     claim_shard,
@@ -70,6 +70,7 @@ from .shards import (
     shard_state,
     write_shard,
 )
+from .step_rule import kind_layers
 from .values import decision_values, running_rates
 
 Progress = Callable[[str, int, int], None]

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from ..grafting.tree_ops import monotone_scores
 from ..tree import ORIGIN_NAMES, DraftTree
-from .tree_ops import monotone_scores
 
 
 def _host(tensor: torch.Tensor) -> torch.Tensor:

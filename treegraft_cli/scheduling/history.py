@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree
-from .scheduler import CostModel
+from .policies import CostModel
 
 
 class RunningMean:
@@ -71,6 +71,6 @@ class StepHistory:
             self.rate.add(tau * unit / step_ms)
 
     def values(self) -> tuple[float, ...]:
-        """The extended features, in ``scheduler.HISTORY_FEATURE_NAMES`` order."""
+        """The extended features, in ``policies.HISTORY_FEATURE_NAMES`` order."""
         return (*(m.value for m in self.tau_by_calls), self.acceptance[ORIGIN_NGRAM].value,
                 self.acceptance[ORIGIN_MODEL].value, self.rate.value)

@@ -19,7 +19,7 @@ from torch import nn
 
 from ..lm import CausalLM, additive_mask
 from ..models.eagle3_head import Eagle3Head
-from .scheduler import CostModel
+from .policies import CostModel
 
 
 class HeadTimingLM(CausalLM):

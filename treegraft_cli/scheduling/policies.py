@@ -1,9 +1,10 @@
-"""The call scheduler's side of TreeGraft: state, the 17 features, the cost model and the call policies.
+"""Call policies: the state a policy sees, its features (the paper's 17 and the extended set), the cost model
+and the rules.
 
 Per tree layer a ``CallPolicy`` looks at a ``SchedulerState`` and says call (strong drafter) or skip
 (weak n-gram expansion). ``decide`` enforces the per-step call budget for every policy; subclasses
-only say whether they *want* the call. A learned scheduler (an MLP over ``features(state)``) plugs in
-as ``MarginPolicy(margin_fn)``.
+only say whether they *want* the call. A learned scheduler (an MLP over ``feature_vector(state)``) plugs in
+as ``MarginPolicy(margin_fn)`` per layer, or as ``step_rule.LearnedStepRule`` per step. ``registry`` names them.
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from ..grafting.tree_ops import top_nodes
 from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree
 from .calibration import AcceptanceCalibration
-from .config import TreeGraftConfig, parse_layers
-from .tree_ops import top_nodes
 
 FEATURE_NAMES = (
     "log1p_prompt_length",
@@ -351,52 +351,3 @@ def expected_accepted(reach: torch.Tensor, budget: int) -> float:  # reach: [n] 
     """Expected accepted length of a tree cut to its ``budget`` best nodes: 1 + their summed reach."""
     best = torch.topk(reach, min(budget, reach.numel())).values if reach.numel() else reach
     return 1.0 + float(best.sum())
-
-
-def _learned(argument: str, options: TreeGraftConfig) -> CallPolicy:
-    """``learned`` / ``learned:FILE``: the distilled MLP of ``treegraft distill`` (``scheduler`` option or FILE)."""
-    from ..scheduling.artifact import load_scheduler  # here, not at the top: that module imports this one
-
-    path = argument or options.scheduler
-    if not path:
-        raise ConfigError("call policy 'learned' needs a scheduler artifact", "pass -o scheduler=FILE (from treegraft distill)")
-    return load_scheduler(path).policy(options, str(path))
-
-
-def _step(argument: str, options: TreeGraftConfig) -> CallPolicy:
-    from .step_rule import StepRule  # here, not at the top: that module imports this one
-
-    layers = parse_layers(argument) if argument else options.layers
-    return StepRule(options.call_budget, options.hit_rate, layers, trim=options.trim)
-
-
-def _fixed(argument: str, options: TreeGraftConfig) -> CallPolicy:
-    layers = parse_layers(argument) if argument else options.layers
-    if not layers:  # no layers would silently be all-small
-        raise ConfigError("'fixed' needs the tree layers at which to call the strong drafter",
-                          "write fixed:1,3 (1-based layers), or add -o layers=1,3")
-    return FixedLayers(options.call_budget, layers)
-
-
-LEARNED = "learned"
-
-# policy name → factory(argument after ':', settings); a learned scheduler adds its entry here
-POLICY_FACTORIES: Mapping[str, Callable[[str, TreeGraftConfig], CallPolicy]] = MappingProxyType(
-    {
-        AllSmall.name: lambda argument, options: AllSmall(options.call_budget),
-        AllMid.name: lambda argument, options: AllMid(options.call_budget),
-        FixedLayers.name: _fixed,
-        CostAwareRule.name: lambda argument, options: CostAwareRule(options.call_budget, options.hit_rate),
-        LEARNED: _learned,
-        "step": _step,
-    }
-)
-
-
-def make_policy(spec: str, options: TreeGraftConfig) -> CallPolicy:
-    """A policy from its spec: ``all-small``, ``all-mid``, ``fixed`` / ``fixed:1,3``, ``cost-aware``, ``step`` / ``step:1,2,3``, ``learned[:FILE]``."""
-    name, _, argument = spec.partition(":")
-    factory = POLICY_FACTORIES.get(name)
-    if factory is None:
-        raise ConfigError(f"unknown call policy {spec!r}", f"choose one of: {', '.join(POLICY_FACTORIES)}")
-    return factory(argument, options)

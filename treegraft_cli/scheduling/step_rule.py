@@ -69,7 +69,7 @@ import torch
 
 from ..tree import DraftTree
 from .calibration import AcceptanceCalibration
-from .scheduler import (
+from .policies import (
     STEP_KIND_NAMES,
     CallPolicy,
     CostModel,
