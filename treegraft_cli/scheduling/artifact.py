@@ -33,7 +33,7 @@ import torch
 from ..atomic import atomic_write_text
 from ..errors import ConfigError
 from ..grafting.config import TreeGraftConfig
-from .policies import FEATURE_NAMES, FEATURE_SETS, STEP_KIND_FEATURE_NAMES, CallPolicy, MarginPolicy
+from .policies import FEATURE_NAMES, FEATURE_SETS, STEP_KIND_FEATURE_NAMES, CallPolicy, MarginPolicy, kind_one_hot
 from .step_rule import LearnedStepRule
 
 KIND = "treegraft-scheduler"
@@ -95,6 +95,13 @@ class DistilledScheduler:
     @torch.no_grad()
     def predict(self, features: torch.Tensor) -> torch.Tensor:  # [n, features] → [n] margins
         return self.normaliser.margins(self.mlp(self.normaliser.inputs(features.float())).squeeze(-1))
+
+    def kind_margins(self, features: torch.Tensor, kinds: list[str]) -> torch.Tensor:  # [n, features] -> [kinds, n]
+        """A per-step scheduler's margin of each step kind over a weak step (0 for ``weak`` itself)."""
+        n = features.shape[0]
+        return torch.stack([torch.zeros(n) if kind == "weak" else
+                            self.predict(torch.cat([features, kind_one_hot(kind).expand(n, -1)], dim=1))
+                            for kind in kinds])
 
     def margin(self, features: torch.Tensor) -> float:  # [features] → one margin
         return float(self.predict(features[None])[0])

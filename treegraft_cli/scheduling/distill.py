@@ -119,10 +119,7 @@ def evaluate_steps(scheduler: DistilledScheduler, priced: PricedSteps) -> dict[s
     kinds = list(priced.values)
     values = torch.stack([priced.values[k] for k in kinds])  # [kinds, n]
     n = values.shape[1]
-    predicted = torch.stack([torch.zeros(n) if k == "weak" else
-                             scheduler.predict(torch.cat([priced.features, kind_one_hot(k).expand(n, -1)], dim=1))
-                             for k in kinds])  # [kinds, n] margins over a weak step
-    choices = {"mlp": predicted.argmax(0), "oracle": values.argmax(0),
+    choices = {"mlp": scheduler.kind_margins(priced.features, kinds).argmax(0), "oracle": values.argmax(0),
                **{f"always-{k}": torch.full((n,), i) for i, k in enumerate(kinds)}}
     real = torch.tensor([kinds.index(k) if k in kinds else -1 for k in priced.real_kind])
     if bool((real >= 0).all()):
@@ -211,14 +208,15 @@ def distill(
     scheduler = DistilledScheduler(mlp, normaliser, cost_profile, feature_set=settings.feature_set, decides=decide,
                                    full_layers=tuple(full_layers))
     names = list(sources) or [str(i) for i in range(len(tables))]
-    by_iteration = [{"rollouts": name, **evaluate(scheduler, test.subset(test.sources == i))}
-                    for i, name in enumerate(names) if bool((test.sources == i).any())]
     if decide == "step":  # the per-step view of the held-out prompts, under the collection's profile
         held = set(test.groups)
         steps = [price_steps(table, profiles[0], tree, settings.feature_set) for table in tables]
         masks = [torch.tensor([str(k) in held for k in table_columns(table)["key"]]) for table in tables]
         by_iteration = [{"rollouts": name, **evaluate_steps(scheduler, priced.subset(mask))}
                         for name, priced, mask in zip(names, steps, masks, strict=True) if bool(mask.any())]
+    else:
+        by_iteration = [{"rollouts": name, **evaluate(scheduler, test.subset(test.sources == i))}
+                        for i, name in enumerate(names) if bool((test.sources == i).any())]
     scheduler.report = {"train": evaluate(scheduler, train), "held_out": evaluate(scheduler, test),
                         "held_out_by_iteration": by_iteration, "value": VALUE_RATE if _has_rate(tables) else VALUE_RATIO,
                         "settings": {"holdout": settings.holdout, "epochs": settings.epochs, "seed": settings.seed,

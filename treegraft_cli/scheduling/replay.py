@@ -30,7 +30,6 @@ from ..grafting.config import parse_layers
 from ..methods.treegraft import COST_CONTEXT
 from .artifact import DistilledScheduler
 from .cost_profile import CostProfile
-from .policies import kind_one_hot
 from .shards import table_columns
 from .values import REAL_COLUMNS, decision_values, running_rates
 
@@ -187,9 +186,7 @@ def choose_kind(policy: str, priced: PricedSteps, scheduler: DistilledScheduler 
         if scheduler is None or scheduler.decides != "step":
             raise ConfigError("policy 'learned' on per-step rollouts needs a per-step scheduler",
                               "pass --scheduler FILE from `treegraft distill` of `collect --decide step` rollouts")
-        margins = torch.stack([torch.zeros(n) if k == "weak" else scheduler.predict(
-            torch.cat([priced.features, kind_one_hot(k).expand(n, -1)], dim=1)) for k in kinds])
-        return [kinds[i] for i in margins.argmax(0).tolist()]
+        return [kinds[i] for i in scheduler.kind_margins(priced.features, kinds).argmax(0).tolist()]
     raise ConfigError(f"unknown per-step replay policy {policy!r}",
                       f"use oracle, collected, learned or always-KIND with KIND one of {', '.join(kinds)}")
 
