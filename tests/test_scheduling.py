@@ -36,6 +36,7 @@ from treegraft_cli.scheduling.replay import price
 from treegraft_cli.scheduling.rollouts import CollectSettings, probing_decoder
 from treegraft_cli.scheduling.shards import read_rollouts
 from treegraft_cli.scheduling.step_rule import LearnedStepRule
+from treegraft_cli.scheduling.values import CATCH_UP_HORIZON, MAX_LAG
 from treegraft_cli.tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree
 
 PAIR = "tiny-random@layers=2:tiny-random"
@@ -90,6 +91,17 @@ def test_cost_surface_interpolates_and_extrapolates():
     assert profile.target_forward_ms(5, 10) == pytest.approx(5.0)  # along the last segment beyond the grid
     assert profile.target_forward_ms(1, 100) == pytest.approx(2.0 + 70 / 20 * 1.0)
     assert profile.step_ms(3, 2, 1, 3, 10) == pytest.approx(3.0 + 2 * 0.5 + 0.1)
+
+
+def test_a_strong_step_pays_for_catching_up_on_the_text_its_drafter_has_not_seen():
+    # drafter: 1 ms for up to 6 tokens, then +0.25 ms per token (along the last segment)
+    profile = CostProfile(pair="p", device="cpu", dtype="fp32", tree_tokens=(2, 6, 10), contexts=(10,),
+                          target_ms=((2.0, 2.0, 2.0),), drafter_ms=((1.0, 1.0, 2.0),))
+    assert profile.step_ms(3, 2, 0, 3, 10, lag=0) == pytest.approx(2.0 + 2 * 1.0)
+    assert profile.step_ms(3, 0, 2, 3, 10, lag=40) == pytest.approx(2.0)  # a weak step catches up on nothing
+    assert profile.step_ms(3, 2, 0, 3, 10, lag=4) == pytest.approx(2.0 + 2 * 1.0 + 4 * 0.25)  # paid in full
+    lag = MAX_LAG + 16  # the prompt: the step pays its share of an investment the later strong steps share
+    assert profile.step_ms(3, 1, 0, 3, 10, lag=lag) == pytest.approx(2.0 + 1.0 + lag * 0.25 / CATCH_UP_HORIZON)
     with pytest.raises(ConfigError, match="non-positive"):
         CostProfile(pair="p", device="cpu", dtype="fp32", tree_tokens=(1,), contexts=(10,), target_ms=((0.0,),))
 
@@ -340,6 +352,9 @@ def test_extended_features_are_collected_distilled_and_decided_with(rollouts, tm
     out, _, _ = rollouts
     _, table = read_rollouts(out)
     assert all(len(r["history"]) == len(HISTORY_FEATURE_NAMES) for r in table)
+    # the strong drafter has forwarded nothing before a generation's first step: it lags by all of the context
+    assert all(r["strong_lag"] == r["context_length"] for r in table if r["step"] == 0)
+    assert any(r["strong_lag"] < r["context_length"] for r in table)
     artifact = tmp_path / "extended.json"
     line = invoke(["distill", "--rollouts", str(out), "--out", str(artifact), "--epochs", "20", "--features", "extended"])
     assert line["held_out"]["rows"] > 0

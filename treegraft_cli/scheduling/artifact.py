@@ -4,7 +4,7 @@ The artifact is one JSON file (no pickle: loading runs no code)::
 
     kind: treegraft-scheduler, version: 1
     feature_names: the inputs in order, one of ``scheduling.policies.FEATURE_SETS`` (checked on load): the
-        paper's 17, or those and the 6 history features (``extended``); a per-step scheduler adds the kind it prices
+        paper's 17, or those, the 6 history features and the strong drafter's lag (``extended``); a per-step scheduler adds the kind it prices
     decides: layer (call or skip at each layer) or step (the step's kind, at layer 1; ``LearnedStepRule``)
     full_layers: the layers a full strong step called at in the per-step rollouts
     feature_mean, feature_scale: z = clip((x − mean) · scale, ±5); scale = 1/std, 0 for a feature that was

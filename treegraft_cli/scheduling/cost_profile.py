@@ -35,6 +35,7 @@ import yaml
 from ..atomic import atomic_write_text
 from ..errors import ConfigError
 from .policies import CostModel
+from .values import catch_up_share
 
 KIND = "treegraft-cost-profile"
 FIX = "write it with `treegraft profile --out FILE`"
@@ -85,13 +86,17 @@ class CostProfile:
             self.target_forward_ms(1, context),
         )
 
-    def step_ms(self, tree_tokens: int, strong_calls: int, weak_layers: int, width: int, context: int) -> float:
-        """Modelled time of one step: verify the tree, ``strong_calls`` strong forwards, ``weak_layers`` n-gram layers."""
-        return (
-            self.target_forward_ms(tree_tokens, context)
-            + strong_calls * self.drafter_forward_ms(2 * width, context)
-            + weak_layers * float(self.host_ms.get("ngram", 0.0))
-        )
+    def step_ms(self, tree_tokens: int, strong_calls: int, weak_layers: int, width: int, context: int,
+                lag: int = 0) -> float:
+        """Modelled time of one step: verify the tree, ``strong_calls`` strong forwards, ``weak_layers`` n-gram layers.
+
+        The step's first strong call also forwards the ``lag`` committed tokens the strong drafter has not seen
+        (``values.catch_up_share`` of that extra time is charged to the step)."""
+        strong = strong_calls * self.drafter_forward_ms(2 * width, context)
+        if strong_calls and lag > 0:
+            extra = self.drafter_forward_ms(2 * width + lag, context) - self.drafter_forward_ms(2 * width, context)
+            strong += catch_up_share(lag) * max(0.0, extra)
+        return self.target_forward_ms(tree_tokens, context) + strong + weak_layers * float(self.host_ms.get("ngram", 0.0))
 
 
 def _measurement(profile: CostProfile) -> dict[str, Any]:

@@ -51,8 +51,10 @@ HISTORY_FEATURE_NAMES = (
     "recent_model_acceptance",
     "recent_rate",
 )
+# and how far behind the committed text the strong drafter is: what a call must catch up on first
+LAG_FEATURE_NAMES = ("log1p_strong_lag",)
 FEATURE_SETS: Mapping[str, tuple[str, ...]] = MappingProxyType(
-    {"paper": FEATURE_NAMES, "extended": FEATURE_NAMES + HISTORY_FEATURE_NAMES}
+    {"paper": FEATURE_NAMES, "extended": FEATURE_NAMES + HISTORY_FEATURE_NAMES + LAG_FEATURE_NAMES}
 )
 # a per-step scheduler (``step_rule.LearnedStepRule``) reads the layer-1 features and which strong kind it prices
 STEP_KIND_NAMES = ("short", "full")
@@ -187,13 +189,13 @@ def features(state: SchedulerState) -> torch.Tensor:
 
 
 def feature_vector(state: SchedulerState, feature_set: str = "paper") -> torch.Tensor:
-    """The features of ``FEATURE_SETS[feature_set]``: the paper's 17, or those and the history's (its prior values
-    when the state carries none)."""
+    """The features of ``FEATURE_SETS[feature_set]``: the paper's 17, or those, the history's (its prior values
+    when the state carries none) and the strong drafter's lag."""
     base = features(state)
     if feature_set == "paper":
         return base
     history = state.history or (0.0,) * len(HISTORY_FEATURE_NAMES)
-    return torch.cat([base, torch.tensor(history, dtype=torch.float32)])
+    return torch.cat([base, torch.tensor([*history, math.log1p(state.strong_lag)], dtype=torch.float32)])
 
 
 class CallPolicy(ABC):

@@ -31,7 +31,7 @@ from ..methods.treegraft import COST_CONTEXT
 from .artifact import DistilledScheduler
 from .cost_profile import CostProfile
 from .shards import table_columns
-from .values import REAL_COLUMNS, decision_values, running_rates
+from .values import LAG_COLUMN, REAL_COLUMNS, decision_values, running_rates
 
 FIXED_POLICIES = ("always-call", "never-call", "oracle", "collected")
 # the bench contender each replay policy stands for when a bench's results are given (``measured_speedups``)
@@ -88,8 +88,9 @@ class Pricing:
     def ms(self, action: str) -> torch.Tensor:  # [n]
         table = self.table
         nodes, calls, weak = table[f"nodes_{action}"], table[f"calls_{action}"], table[f"weak_{action}"]
-        return torch.tensor([self.profile.step_ms(n + 1, c, w, self.width, ctx)
-                             for n, c, w, ctx in zip(nodes, calls, weak, self.contexts, strict=True)])
+        lags = table.get(LAG_COLUMN) or [0] * len(nodes)  # rollouts collected before the lag was stored: none
+        return torch.tensor([self.profile.step_ms(n + 1, c, w, self.width, ctx, lag)
+                             for n, c, w, ctx, lag in zip(nodes, calls, weak, self.contexts, lags, strict=True)])
 
     def tau(self, action: str) -> torch.Tensor:  # [n]
         return torch.tensor(self.table[f"tau_{action}"], dtype=torch.float32)
@@ -108,10 +109,12 @@ class Pricing:
         features[:, 1:4] = torch.tensor([costs.verify_ms, costs.strong_ms, costs.log_ratio])
         if self.feature_set == "paper":
             return features
-        if "history" not in table:
-            raise ConfigError("these rollouts hold no history features (collected by an older treegraft)",
+        if "history" not in table or LAG_COLUMN not in table:
+            raise ConfigError("these rollouts hold no history features or strong lag (collected by an older treegraft)",
                               "collect them again, or distill with --features paper")
-        return torch.cat([features, torch.tensor(table["history"], dtype=torch.float32)], dim=1)
+        history = torch.tensor(table["history"], dtype=torch.float32)
+        lag = torch.tensor(table[LAG_COLUMN], dtype=torch.float32).log1p()[:, None]
+        return torch.cat([features, history, lag], dim=1)
 
     def ar_ms(self) -> torch.Tensor:  # [n] plain decoding's ms per token at each row's context
         return torch.tensor([self.profile.target_forward_ms(1, c) for c in self.contexts])
@@ -119,7 +122,7 @@ class Pricing:
 
 def price(table, profile: CostProfile, tree: dict, feature_set: str = "paper") -> Priced:
     """Every row's outcomes re-priced under ``profile``: times, the running rate and the cost features
-    (``feature_set``: the paper's 17 features, or ``extended`` with the rows' history features after them)."""
+    (``feature_set``: the paper's 17 features, or ``extended`` with the rows' history features and strong lag after them)."""
     pricing = Pricing(table, profile, tree, feature_set)
     return Priced(
         tau_call=pricing.tau("call"),

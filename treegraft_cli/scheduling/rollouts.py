@@ -12,7 +12,14 @@ is never touched) and walked greedily, giving τ_x = accepted tokens + the bonus
 outcome (its τ, nodes, calls and weak layers) is kept with the step's rows.
 
     modelled time  T_x = verify_ms(tree nodes + root, context) + calls_x · strong_ms(2·K, context)
+                         + [calls_x > 0] · s(lag) · (strong_ms(2·K + lag, context) − strong_ms(2·K, context))
                          + weak_layers_x · ngram_ms                      (all from the cost profile)
+
+lag is what the strong drafter has not forwarded of the committed text when the step is decided (its first
+call catches up on it); s(lag) = 1 up to ``MAX_LAG`` tokens, 1/``CATCH_UP_HORIZON`` beyond (the prompt: an
+investment the strong steps after it share), as the step rule prices it (``values.catch_up_share``). Without
+it a strong call looks as cheap after twenty weak steps, or before the prompt was ever forwarded, as right
+after another call, and a scheduler learns to call where the step rule, which measures, does not.
     running rate   R   = Σ τ_real / Σ T_real over the generation's probed steps, under π
     value          V_x = τ_x − R · T_x                                   (tokens)
     label          margin = V_call − V_skip = (τ_call − τ_skip) − R · (T_call − T_skip)
@@ -71,7 +78,7 @@ from .shards import (
     write_shard,
 )
 from .step_rule import kind_layers
-from .values import decision_values, running_rates
+from .values import LAG_COLUMN, decision_values, running_rates
 
 Progress = Callable[[str, int, int], None]
 
@@ -156,24 +163,25 @@ class ProbingMethod(Method):
 
     def draft(self, committed: torch.Tensor) -> DraftTree:  # committed: [L], root last
         history = list(self.inner.history.values())  # the recent steps, before this one
+        lag = self.inner.loop.strong_lag(committed)  # before any build of this step moves the strong drafter
         tree, records = self.inner.build(committed, record=True)
         self.step_rows, self.real = [], None
         if self.step % self.every == 0:
             self.taus = {}
             real = {r.layer: r.called for r in records}
-            probes = [(records[0], self.probe_step(committed))] if self.decide == "step" else [
-                (record, self.probe(committed, real, record.layer)) for record in records]
+            probes = [(records[0], self.probe_step(committed, lag))] if self.decide == "step" else [
+                (record, self.probe(committed, real, record.layer, lag)) for record in records]
             for record, row in probes:
                 if row is not None:
                     self.step_rows.append({**row, "step": self.step, "features": record.features.tolist(),
-                                           "history": history, "real_call": record.called})
+                                           "history": history, LAG_COLUMN: lag, "real_call": record.called})
             tree, _ = self.inner.build(committed)  # the real tree again: the strong cache must hold its rows
             calls = sum(r.called for r in records)
             self.real = Outcome(0, tree.size, calls, len(records) - calls)
         self.step += 1
         return tree
 
-    def probe_step(self, committed: torch.Tensor) -> dict[str, Any] | None:
+    def probe_step(self, committed: torch.Tensor, lag: int) -> dict[str, Any] | None:
         """Every step kind built with all its layers forced (the rest of the step is the kind), verified, priced.
 
         None when no kind could call the strong drafter (there is nothing to decide)."""
@@ -189,11 +197,11 @@ class ProbingMethod(Method):
         width, context = self.config.tree.top_k, int(committed.numel())
         row: dict[str, Any] = {"layer": 1, "context_length": context}
         for name, o in outcomes.items():
-            ms = self.costs.step_ms(o.nodes + 1, o.calls, o.weak, width, context)
+            ms = self.costs.step_ms(o.nodes + 1, o.calls, o.weak, width, context, lag)
             row.update({**o.columns(f"kind_{name}"), f"ms_kind_{name}": ms})
         return row
 
-    def probe(self, committed: torch.Tensor, real: Mapping[int, bool], layer: int) -> dict[str, Any] | None:
+    def probe(self, committed: torch.Tensor, real: Mapping[int, bool], layer: int, lag: int) -> dict[str, Any] | None:
         forced = {b: real[b] for b in range(1, layer)}
         outcomes = {}
         for action in (True, False):
@@ -202,7 +210,7 @@ class ProbingMethod(Method):
                 return None
             calls = sum(r.called for r in records)
             outcomes[action] = Outcome(self.accepted(tree), tree.size, calls, len(records) - calls)
-        return self.label(outcomes[True], outcomes[False], layer, int(committed.numel()))
+        return self.label(outcomes[True], outcomes[False], layer, int(committed.numel()), lag)
 
     @torch.no_grad()
     def accepted(self, tree: DraftTree) -> int:
@@ -223,11 +231,11 @@ class ProbingMethod(Method):
         verdict = self.backend.verify_greedy(logits[None], tree.tokens[None], tree.parents[None])
         return int(verdict.num_accepted[0]) + 1
 
-    def label(self, call: Outcome, skip: Outcome, layer: int, context: int) -> dict[str, Any]:
+    def label(self, call: Outcome, skip: Outcome, layer: int, context: int, lag: int) -> dict[str, Any]:
         width = self.config.tree.top_k
         row: dict[str, Any] = {"layer": layer, "context_length": context}
         for name, o in (("call", call), ("skip", skip)):
-            ms = self.costs.step_ms(o.nodes + 1, o.calls, o.weak, width, context)
+            ms = self.costs.step_ms(o.nodes + 1, o.calls, o.weak, width, context, lag)
             row.update({**o.columns(name), f"ms_{name}": ms})
         return row
 
@@ -242,7 +250,7 @@ class ProbingMethod(Method):
             return torch.tensor([row[name] for row in rows], dtype=torch.float32)
 
         ms_real = torch.tensor([self.costs.step_ms(r["nodes_real"] + 1, r["calls_real"], r["weak_real"], width,
-                                                   r["context_length"]) for r in rows])
+                                                   r["context_length"], r[LAG_COLUMN]) for r in rows])
         rate = running_rates([0] * len(rows), [r["step"] for r in rows], column("tau_real"), ms_real)
         actions = [a[len("tau_"):] for a in rows[0] if a.startswith("tau_") and a != "tau_real"]
         values = {a: decision_values(column(f"tau_{a}"), column(f"ms_{a}"), rate) for a in actions}

@@ -80,6 +80,7 @@ from .policies import (
     feature_vector,
     kind_one_hot,
 )
+from .values import CATCH_UP_HORIZON, MAX_LAG
 
 
 class WeakOutcomes:
@@ -168,8 +169,8 @@ class StepRule(CallPolicy):
         short_layers: tuple[int, ...] = (1,),  # a short strong step's; () = no short steps
         explore: int = 8,
         explore_upside: float = 2.0,
-        max_lag: int = 64,
-        catch_up_horizon: float = 8.0,
+        max_lag: int = MAX_LAG,
+        catch_up_horizon: float = CATCH_UP_HORIZON,
         strong_decay: float = 0.8,
         rate_decay: float = 0.95,
         clock: Callable[[], float] = time.perf_counter,  # seconds

@@ -12,6 +12,19 @@ from collections.abc import Sequence
 import torch
 
 REAL_COLUMNS = ("tau_real", "nodes_real", "calls_real", "weak_real")
+LAG_COLUMN = "strong_lag"  # committed tokens the strong drafter had not forwarded when the step was decided
+
+# A strong call first forwards what the strong drafter has not seen of the committed text. Up to MAX_LAG tokens
+# (the steps since its last call) that is part of the step's price. More (the prompt, at a generation's first
+# call) is an investment the strong steps after it share: about CATCH_UP_HORIZON of them, so the step pays that
+# share. ``step_rule.StepRule`` prices a catch-up the same way.
+MAX_LAG = 64
+CATCH_UP_HORIZON = 8.0
+
+
+def catch_up_share(lag: int) -> float:
+    """The share of a strong call's catch-up time (forwarding ``lag`` unseen committed tokens) its step pays."""
+    return 1.0 if lag <= MAX_LAG else 1.0 / CATCH_UP_HORIZON
 
 
 def running_rates(
