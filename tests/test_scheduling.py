@@ -181,6 +181,10 @@ def test_distill_artifact_loads_and_decides(rollouts, cost_file, tmp_path, tiny_
     held = line["held_out"]
     assert 0.0 <= held["sign_accuracy"] <= 1.0 and held["policies"]["oracle"]["regret"] == 0.0
     assert all(p["regret"] >= 0 for p in held["policies"].values())
+    folded = invoke(["distill", "--rollouts", str(out), "--out", str(tmp_path / "folded.json"), "--epochs", "20",
+                     "--folds", "2", "--cost", str(tmp_path / "slow.yaml")])
+    rows = len(read_rollouts(out)[1])
+    assert folded["held_out"]["rows"] == 2 * rows  # every decision out-of-fold, under both profiles
     scheduler = load_scheduler(artifact)
     assert scheduler.cost_profile["also_priced_under"] == [slow.identity] != [measured.identity]
     assert math.isfinite(scheduler.margin(torch.zeros(17)))
@@ -392,6 +396,10 @@ def test_per_step_rollouts_distill_into_a_learned_step_rule(cost_file, tmp_path,
     assert distilled["decides"] == "step"
     held = distilled["held_out_by_iteration"][0]["policies"]
     assert held["oracle"]["regret"] == 0.0 and all(p["regret"] >= 0 for p in held.values())
+    # cross-validated: every step is judged by the fold's model that never saw its prompt
+    folded = invoke(["distill", "--rollouts", str(out), "--out", str(tmp_path / "folded.json"), "--epochs", "20",
+                     "--folds", "2"])
+    assert folded["held_out_scope"].startswith("2-fold") and folded["held_out_by_iteration"][0]["steps"] == len(table)
     scheduler = load_scheduler(artifact)
     assert scheduler.decides == "step" and scheduler.feature_names[-2:] == ("kind_short", "kind_full")
     drafter, target = tiny_self_pair

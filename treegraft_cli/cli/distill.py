@@ -33,12 +33,13 @@ def distill(
     holdout: Annotated[float, typer.Option("--holdout", help="Share of prompts held out for testing.")] = 0.2,
     epochs: Annotated[int, typer.Option("--epochs", help="Full-batch Adam epochs.")] = 400,
     seed: Annotated[int, typer.Option("--seed", help="Split and initialisation seed.")] = 0,
+    folds: Annotated[int, typer.Option("--folds", help="K > 1: K-fold cross-validation over prompts for the report (the artifact then fits every prompt).")] = 0,
     cost: Annotated[list[Path] | None, typer.Option("--cost", help="Extra cost profile(s) to re-price the rollouts under (hardware-aware training).")] = None,
     features: Annotated[str, typer.Option("--features", help=f"Feature set: {' | '.join(FEATURE_SETS)} (extended adds what the recent steps measured).")] = "paper",
 ) -> None:
     """Fit the features→64→32→1 MLP to the value margins; held-out sign accuracy and regret; write the artifact."""
-    if not 0 < holdout < 1 or epochs < 1:
-        raise typer.BadParameter("--holdout in (0, 1) and --epochs >= 1")
+    if not 0 < holdout < 1 or epochs < 1 or folds < 0 or folds == 1:
+        raise typer.BadParameter("--holdout in (0, 1), --epochs >= 1 and --folds 0 (one split) or >= 2")
     if features not in FEATURE_SETS:
         raise typer.BadParameter(f"--features must be one of {', '.join(FEATURE_SETS)}")
     ensure_writable_dir(out.parent)
@@ -48,7 +49,7 @@ def distill(
     extra = [load_cost_profile(path) for path in cost or ()]
     identity = {"identity": costs.identity, "device": costs.device, "dtype": costs.dtype, "pair": costs.pair,
                 "also_priced_under": [p.identity for p in extra]}
-    settings = DistillSettings(holdout=holdout, epochs=epochs, seed=seed, feature_set=features)
+    settings = DistillSettings(holdout=holdout, epochs=epochs, seed=seed, feature_set=features, folds=folds)
     decide = settings_doc.get("decide", "layer")
     full_layers = parse_layers(settings_doc.get("method_options", {}).get("layers", ()))
     scheduler = run_distill(tables, settings_doc["tree"], [costs, *extra], settings, identity, [str(r) for r in rollouts],
@@ -57,12 +58,12 @@ def distill(
     report = scheduler.report
     held = report["held_out"]
     unit = "tokens" if report["value"] == VALUE_RATE else "tok/s"
-    console.table(f"held-out decisions: {held['rows']} rows from {held['prompts']} prompts, sign accuracy {held['sign_accuracy']:.3f} "
+    console.table(f"{report['held_out_scope']}: {held['rows']} decisions from {held['prompts']} prompts, sign accuracy {held['sign_accuracy']:.3f} "
                   f"(commoner sign: {held['majority_sign_accuracy']:.3f}); value {report['value']}",
                   ["policy", f"mean value ({unit})", f"regret ({unit})", "call rate"],
                   [(name, p["value"], p["regret"], p["call_rate"]) for name, p in held["policies"].items()])
     if decide == "step":
-        console.table(f"held-out steps, per step kind (value in {unit})", ["rollouts", "steps", "policy", "value", "regret", "shares"],
+        console.table(f"{report['held_out_scope']}, per step kind (value in {unit})", ["rollouts", "steps", "policy", "value", "regret", "shares"],
                       [(it["rollouts"], it["steps"], name, p["value"], p["regret"],
                         " ".join(f"{k[len('share_'):]} {v:.2f}" for k, v in p.items() if k.startswith("share_")))
                        for it in report["held_out_by_iteration"] for name, p in it["policies"].items()])
@@ -70,7 +71,8 @@ def distill(
         console.table("held-out regret per iteration", ["rollouts", "rows", f"mlp regret ({unit})", "mlp call rate", "oracle call rate"],
                       [(it["rollouts"], it["rows"], it["policies"]["mlp"]["regret"], it["policies"]["mlp"]["call_rate"],
                         it["oracle_call_rate"]) for it in report["held_out_by_iteration"]])
-    console.json_line({"scheduler": str(out), "cost_profile": costs.identity, "decides": decide, "held_out": held,
+    console.json_line({"scheduler": str(out), "cost_profile": costs.identity, "decides": decide,
+                       "held_out_scope": report["held_out_scope"], "held_out": held,
                        "held_out_by_iteration": report["held_out_by_iteration"], "value": report["value"],
                        "train_sign_accuracy": report["train"]["sign_accuracy"]})
 

@@ -3,7 +3,10 @@
 Labels: every rollout row priced under the collection's cost profile and any extra profiles (``--cost``),
 so cost features vary with the hardware they stand for (see ``decisions_from_rows``).
 Split: whole prompts are held out (``holdout`` of them, at least one, seeded), so no step of a held-out
-prompt is seen in training; with a single prompt, rows are split instead. Training: full-batch Adam on
+prompt is seen in training; with a single prompt, rows are split instead. With ``--folds K`` every prompt is
+held out once instead: K models each predict the prompts they never saw (out-of-fold), the metrics are those
+predictions' over all rows, and the artifact is fitted on every prompt. With a dozen prompts one split holds
+out two, and its regret swings by more than the differences between policies; K folds measure all twelve. Training: full-batch Adam on
 the mean squared error of standardised margins, seeded inside a forked RNG (the global RNG is untouched).
 
 Several rollout directories (``--rollouts A --rollouts B``: the iterations of on-policy collection, each
@@ -44,6 +47,7 @@ class DistillSettings:
     weight_decay: float = 1e-4
     seed: int = 0
     feature_set: str = "paper"  # a key of FEATURE_SETS
+    folds: int = 0  # > 1: K-fold cross-validation over prompts for the report, the artifact fitted on every prompt
 
 
 @dataclass(frozen=True)
@@ -114,12 +118,15 @@ def step_decisions(table, tree: dict, profiles: Sequence[CostProfile], source: i
     return union(parts)
 
 
-def evaluate_steps(scheduler: DistilledScheduler, priced: PricedSteps) -> dict[str, Any]:
+def evaluate_steps(
+    margins: torch.Tensor,  # [kinds, n] the scheduler's margin of each kind (``priced.values`` order) over a weak step
+    priced: PricedSteps,
+) -> dict[str, Any]:
     """Per-step policies on ``priced``: mean value, regret against the best kind, and how often each kind is taken."""
     kinds = list(priced.values)
     values = torch.stack([priced.values[k] for k in kinds])  # [kinds, n]
     n = values.shape[1]
-    choices = {"mlp": scheduler.kind_margins(priced.features, kinds).argmax(0), "oracle": values.argmax(0),
+    choices = {"mlp": margins.argmax(0), "oracle": values.argmax(0),
                **{f"always-{k}": torch.full((n,), i) for i, k in enumerate(kinds)}}
     real = torch.tensor([kinds.index(k) if k in kinds else -1 for k in priced.real_kind])
     if bool((real >= 0).all()):
@@ -152,6 +159,17 @@ def split(decisions: Decisions, holdout: float, seed: int) -> tuple[torch.Tensor
     return ~test, test
 
 
+def fold_masks(decisions: Decisions, folds: int, seed: int) -> list[torch.Tensor]:
+    """Boolean [n] held-out masks of ``folds`` folds: every prompt held out in exactly one (seeded shuffle)."""
+    keys = sorted(set(decisions.groups))
+    if len(keys) < folds:
+        raise ConfigError(f"{folds} folds need at least {folds} prompts; the rollouts hold {len(keys)}",
+                          "lower --folds, or collect more prompts")
+    random.Random(seed).shuffle(keys)
+    fold_of = {key: i % folds for i, key in enumerate(keys)}
+    return [torch.tensor([fold_of[g] == i for g in decisions.groups], dtype=torch.bool) for i in range(folds)]
+
+
 def fit(decisions: Decisions, settings: DistillSettings) -> tuple[torch.nn.Sequential, Normaliser]:
     normaliser = Normaliser.fit(decisions.features, decisions.margins)
     inputs = normaliser.inputs(decisions.features)  # [n, features]
@@ -168,9 +186,8 @@ def fit(decisions: Decisions, settings: DistillSettings) -> tuple[torch.nn.Seque
     return mlp.eval(), normaliser
 
 
-def evaluate(scheduler: DistilledScheduler, decisions: Decisions) -> dict[str, Any]:
-    """Sign accuracy and per-policy mean value and regret on ``decisions``."""
-    predicted = scheduler.predict(decisions.features)
+def evaluate(predicted: torch.Tensor, decisions: Decisions) -> dict[str, Any]:  # predicted: [n] margins
+    """Sign accuracy and per-policy mean value and regret on ``decisions``, the scheduler's margins ``predicted``."""
     margins = decisions.margins
     decided = margins != 0
     accuracy = float(((predicted > 0) == (margins > 0))[decided].float().mean()) if bool(decided.any()) else float("nan")
@@ -193,7 +210,8 @@ def distill(
     sources: Sequence[str] = (), decide: str = "layer", full_layers: Sequence[int] = (),
 ) -> DistilledScheduler:
     """Fit on the training split of every table (one per iteration, ``sources`` their names), evaluate on both
-    splits and on each iteration's held-out rows; the report travels inside the artifact.
+    splits and on each iteration's held-out rows; the report travels inside the artifact. With
+    ``settings.folds`` > 1 every prompt is held out once (K models) and the artifact is fitted on all of them.
 
     Prompts are held out across iterations: a prompt collected again under a later policy stays on its side.
     """
@@ -202,26 +220,61 @@ def distill(
                           "collect them again, or distill them apart")
     rows = step_decisions if decide == "step" else decisions_from_rows
     decisions = union([rows(table, tree, profiles, i, settings.feature_set) for i, table in enumerate(tables)])
-    train_mask, test_mask = split(decisions, settings.holdout, settings.seed)
-    train, test = decisions.subset(train_mask), decisions.subset(test_mask)
-    mlp, normaliser = fit(train, settings)
-    scheduler = DistilledScheduler(mlp, normaliser, cost_profile, feature_set=settings.feature_set, decides=decide,
-                                   full_layers=tuple(full_layers))
     names = list(sources) or [str(i) for i in range(len(tables))]
-    if decide == "step":  # the per-step view of the held-out prompts, under the collection's profile
-        held = set(test.groups)
-        steps = [price_steps(table, profiles[0], tree, settings.feature_set) for table in tables]
-        masks = [torch.tensor([str(k) in held for k in table_columns(table)["key"]]) for table in tables]
-        by_iteration = [{"rollouts": name, **evaluate_steps(scheduler, priced.subset(mask))}
-                        for name, priced, mask in zip(names, steps, masks, strict=True) if bool(mask.any())]
+    # the per-step view of every iteration's rows, under the collection's profile
+    steps = [price_steps(table, profiles[0], tree, settings.feature_set) for table in tables] if decide == "step" else []
+    step_keys = [[str(k) for k in table_columns(table)["key"]] for table in tables] if decide == "step" else []
+
+    def scheduler_for(train: Decisions) -> DistilledScheduler:
+        mlp, normaliser = fit(train, settings)
+        return DistilledScheduler(mlp, normaliser, cost_profile, feature_set=settings.feature_set, decides=decide,
+                                  full_layers=tuple(full_layers))
+
+    if settings.folds > 1:  # every prompt predicted by the fold's model that never saw it; the artifact sees all
+        held = fold_masks(decisions, settings.folds, settings.seed)
+        schedulers = [scheduler_for(decisions.subset(~mask)) for mask in held]
+        scheduler = scheduler_for(decisions)
+        train, test = decisions, decisions
+        predicted = torch.zeros(len(decisions.groups))
+        for mask, fold in zip(held, schedulers, strict=True):
+            predicted[mask] = fold.predict(decisions.features[mask])
+        fold_of = {g: i for i, mask in enumerate(held) for g, h in zip(decisions.groups, mask.tolist(), strict=True) if h}
+        step_models = [[schedulers[fold_of[k]] for k in keys] for keys in step_keys]
+        held_out_scope = f"{settings.folds}-fold cross-validation over prompts"
     else:
-        by_iteration = [{"rollouts": name, **evaluate(scheduler, test.subset(test.sources == i))}
+        train_mask, test_mask = split(decisions, settings.holdout, settings.seed)
+        train, test = decisions.subset(train_mask), decisions.subset(test_mask)
+        scheduler = scheduler_for(train)
+        predicted = scheduler.predict(test.features)
+        test_keys = set(test.groups)
+        step_models = [[scheduler if k in test_keys else None for k in keys] for keys in step_keys]
+        held_out_scope = "held-out prompts"
+    if decide == "step":
+        by_iteration = [{"rollouts": name, **evaluate_steps(*_step_margins(priced, models))}
+                        for name, priced, models in zip(names, steps, step_models, strict=True)
+                        if any(m is not None for m in models)]
+    else:
+        by_iteration = [{"rollouts": name, **evaluate(predicted[test.sources == i], test.subset(test.sources == i))}
                         for i, name in enumerate(names) if bool((test.sources == i).any())]
-    scheduler.report = {"train": evaluate(scheduler, train), "held_out": evaluate(scheduler, test),
-                        "held_out_by_iteration": by_iteration, "value": VALUE_RATE if _has_rate(tables) else VALUE_RATIO,
-                        "settings": {"holdout": settings.holdout, "epochs": settings.epochs, "seed": settings.seed,
-                                     "features": settings.feature_set}}
+    scheduler.report = {"train": evaluate(scheduler.predict(train.features), train), "held_out": evaluate(predicted, test),
+                        "held_out_scope": held_out_scope, "held_out_by_iteration": by_iteration,
+                        "value": VALUE_RATE if _has_rate(tables) else VALUE_RATIO,
+                        "settings": {"holdout": settings.holdout, "folds": settings.folds, "epochs": settings.epochs,
+                                     "seed": settings.seed, "features": settings.feature_set}}
     return scheduler
+
+
+def _step_margins(priced: PricedSteps, models: Sequence[DistilledScheduler | None]) -> tuple[torch.Tensor, PricedSteps]:
+    """The held-out steps of ``priced`` (those with a model, the one that did not see them) and their kind margins."""
+    keep = torch.tensor([m is not None for m in models])
+    subset = priced.subset(keep)
+    kinds = list(priced.values)
+    margins = torch.zeros(len(kinds), int(keep.sum()))  # [kinds, held-out steps]
+    chosen = [m for m in models if m is not None]
+    for model in {id(m): m for m in chosen}.values():
+        rows = torch.tensor([m is model for m in chosen])
+        margins[:, rows] = model.kind_margins(subset.features[rows], kinds)
+    return margins, subset
 
 
 VALUE_RATE = "tau - R*T (tokens)"  # see rollouts: the value decoding maximises
