@@ -14,11 +14,26 @@ every request start and ``reset`` only when they want a fresh table.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..lm import on_device_of
 from ..tree import ORIGIN_ADJACENCY, DraftTree
 from .rank_template import RankTemplate
+
+
+@dataclass(frozen=True)
+class PendingGraft:
+    """A graft worked out on the device, waiting for one number: how many new nodes it makes (``count``)."""
+
+    tree: DraftTree  # the tree to grow (untouched until ``AdjacencyTable.finish``)
+    template: RankTemplate
+    tokens: torch.Tensor  # [size + 1] each candidate's token, slot 0 the root
+    node: torch.Tensor  # [size + 1] the node each candidate resolves to
+    scores: torch.Tensor  # [n + size] by resolved node, merges raised
+    kept: torch.Tensor  # [size] bool: the new candidates that fit the slots
+    count: torch.Tensor  # [] int64: how many are kept
 
 
 class AdjacencyTable:
@@ -132,8 +147,16 @@ class AdjacencyTable:
         merges with the tree's own nodes are looked for. ``tree`` is grown in place; use the returned tree.
         One read: how many new nodes there are.
         """
-        if slots <= 0 or template.size == 0 or self.table is None:
+        pending = self.prepare(tree, template, slots)
+        if pending is None:
             return tree
+        return self.finish(pending, int(tree._read(pending.count)))
+
+    def prepare(self, tree: DraftTree, template: RankTemplate, slots: int) -> PendingGraft | None:
+        """``graft``'s device work, without its read and without touching ``tree``; None when nothing can be
+        grafted. A caller may read ``count`` together with other values, then ``finish``."""
+        if slots <= 0 or template.size == 0 or self.table is None:
+            return None
         device, n, size = tree.device, tree.num_nodes, template.size
         successors = on_device_of(self._successors, device)
         invalid = successors.shape[0] - 1  # the sentinel token: some row on the way was never written
@@ -151,9 +174,27 @@ class AdjacencyTable:
                 scores.index_copy_(0, slot, scores.index_select(0, parent) + prior)  # slot s holds node n + s - 1 = s
         else:
             self._resolve(tree, tokens, node, scores, successors, columns, template.fresh_levels(device, n))
+        is_new = (tokens[1:] != invalid) & (node[1:] >= n)  # [size] valid new candidates, in priority order
+        kept = is_new & (torch.cumsum(is_new, 0) <= slots)
+        return PendingGraft(tree, template, tokens, node, scores, kept, kept.sum())
+
+    @staticmethod
+    def finish(pending: PendingGraft, count: int) -> DraftTree:
+        """Grow ``pending.tree`` by the ``count`` kept candidates (``pending.count`` read) and its merges' scores."""
+        tree, template = pending.tree, pending.template
+        n, size, device = tree.num_nodes, template.size, tree.device
         if n > 1:
-            tree.scores = scores[:n]
-        return self._append(tree, template, tokens, node, scores, slots, tokens[1:] != invalid)
+            tree.scores = pending.scores[:n]
+        if count == 0:
+            return tree
+        depths = template.fresh_depths(device)
+        order = torch.sort(torch.where(pending.kept, depths, size + 1), stable=True).indices[:count]  # depth order
+        final = torch.arange(n + size, device=device)  # resolved node → index in the grown tree
+        final[n + order] = n + torch.arange(count, device=device)
+        tree._reserve(count)
+        tree._write(n, final[pending.node[template.parents_on(device)[order] + 1]], pending.tokens[order + 1],
+                    pending.scores[n + order], ORIGIN_ADJACENCY, generations=len(template.levels))
+        return tree
 
     @staticmethod
     def _resolve(
@@ -179,29 +220,3 @@ class AdjacencyTable:
             resolved = torch.where(same, indices, fresh_column).amin(dim=1)  # the matching node, else the new one
             node.index_copy_(0, slot, resolved)
             scores.scatter_reduce_(0, resolved, score, reduce="amax")  # a merged node keeps the higher score
-
-    @staticmethod
-    def _append(
-        tree: DraftTree,
-        template: RankTemplate,
-        tokens: torch.Tensor,  # [size + 1]
-        node: torch.Tensor,  # [size + 1]
-        scores: torch.Tensor,  # [n + size]
-        slots: int,
-        valid: torch.Tensor,  # [size] bool
-    ) -> DraftTree:
-        """Append the first ``slots`` new valid candidates, in priority order, depth by depth. One read: how many."""
-        n, size, device = tree.num_nodes, template.size, tree.device
-        is_new = valid & (node[1:] >= n)  # [size] in priority order
-        kept = is_new & (torch.cumsum(is_new, 0) <= slots)
-        count = int(tree._read(kept.sum()))
-        if count == 0:
-            return tree
-        depths = template.fresh_depths(device)
-        order = torch.sort(torch.where(kept, depths, size + 1), stable=True).indices[:count]  # depth order
-        final = torch.arange(n + size, device=device)  # resolved node → index in the grown tree
-        final[n + order] = n + torch.arange(count, device=device)
-        tree._reserve(count)
-        tree._write(n, final[node[template.parents_on(device)[order] + 1]], tokens[order + 1], scores[n + order],
-                    ORIGIN_ADJACENCY, generations=len(template.levels))
-        return tree
