@@ -195,11 +195,21 @@ class DraftTree:
         origin: int,
     ) -> torch.Tensor:
         """Append children known to be new (no (parent, token) pair repeats or exists): no read. Returns their indices [m]."""
-        m = parents.shape[0]
-        self._reserve(m)
+        n = self.append(parents, tokens, scores, origin)
+        return torch.arange(n, self._n, device=self._device)
+
+    def append(
+        self,
+        parents: torch.Tensor,  # [m] node indices
+        tokens: torch.Tensor,  # [m]
+        scores: torch.Tensor,  # [m]
+        origin: int,
+    ) -> int:
+        """``append_children`` returning the first new index (the new nodes are ``first .. num_nodes - 1``)."""
+        self._reserve(parents.shape[0])
         n = self._n
         self._write(n, _as(parents, torch.long), _as(tokens, torch.long), _as(scores, torch.float32), origin)
-        return torch.arange(n, n + m, device=self._device)
+        return n
 
     def _write(
         self,
@@ -228,7 +238,8 @@ class DraftTree:
         self._mask[n : n + m] = rows
         b["tokens"][n : n + m] = tokens
         b["parents"][n : n + m] = parents
-        b["depths"][n : n + m] = rows.sum(dim=1) - 1
+        # a batch of children of existing nodes: one below their parents (cheaper than counting ancestors)
+        b["depths"][n : n + m] = rows.sum(dim=1) - 1 if generations else b["depths"].index_select(0, parents) + 1
         b["scores"][n : n + m] = scores
         b["origins"][n : n + m] = origin
         self._n = n + m

@@ -33,6 +33,7 @@ class ModelDraftingMethod(Method):
         super().__init__(models, config)
         self.drafter = make_model_drafter(models.drafter, models.target)
         self.roots = RootTrees()
+        self._spreads: dict[tuple[int, int], torch.Tensor] = {}  # ``DenseMethod.spread`` by (parents, k)
 
     def start(self, prefill) -> None:
         self.drafter.reset()
@@ -104,6 +105,15 @@ class DenseMethod(ModelDraftingMethod):
         """
         top_logp, top_tokens = torch.topk(log_probs(logits), k, dim=-1)  # [p, k]
         scores = (tree.scores.index_select(0, parents)[:, None] + top_logp).flatten()  # [p * k] parent by parent
-        nodes = tree.append_children(parents.repeat_interleave(k), top_tokens.flatten(), scores, ORIGIN_MODEL)
-        best = torch.topk(scores, min(k, nodes.shape[0])).indices
-        return nodes.index_select(0, best)
+        first = tree.append(parents.index_select(0, self.spread(parents.shape[0], k)), top_tokens.flatten(), scores,
+                            ORIGIN_MODEL)
+        return torch.topk(scores, min(k, scores.shape[0])).indices + first  # the new nodes are first, first + 1, ...
+
+    def spread(self, p: int, k: int) -> torch.Tensor:  # -> [p * k]
+        """``[0] * k + [1] * k + ...``: each of ``p`` parents once per child (kept per shape: a gather is cheaper
+        than a ``repeat_interleave`` per layer)."""
+        key = (p, k)
+        index = self._spreads.get(key)
+        if index is None:
+            index = self._spreads[key] = torch.arange(p, device=self.drafter.device).repeat_interleave(k)
+        return index
