@@ -22,7 +22,6 @@ ORIGIN_NAMES = {ORIGIN_ROOT: "root", ORIGIN_MODEL: "model", ORIGIN_NGRAM: "ngram
 
 
 COLUMNS = ("tokens", "parents", "depths", "scores", "origins", "kv_slot")
-_DTYPES = (torch.long, torch.long, torch.long, torch.float32, torch.int8, torch.long)
 _FILL = (0, -1, 0, float("-inf"), ORIGIN_ROOT, -1)
 INITIAL_CAPACITY = 64
 _LONG_COLUMNS = ("tokens", "parents", "depths", "kv_slot")
@@ -62,11 +61,15 @@ class DraftTree:
         columns = (tokens.long(), parents.long(), depths.long(), scores.float(), origins.to(torch.int8), kv_slot.long())
         self._adopt(dict(zip(COLUMNS, columns, strict=True)), ancestor_mask, n, host)
 
-    def _adopt(self, buffers: dict[str, torch.Tensor], mask: torch.Tensor, n: int, host: bool) -> None:
-        """Take ``buffers`` (columns of ``capacity`` entries, the first ``n`` in use) and ``mask`` as they are."""
+    def _adopt(self, buffers: dict[str, torch.Tensor], mask: torch.Tensor, n: int, host: bool,
+               longs: torch.Tensor | None = None) -> None:
+        """Take ``buffers`` (columns of ``capacity`` entries, the first ``n`` in use) and ``mask`` as they are.
+
+        ``longs``: ``[4, capacity]`` when the int64 columns are its rows (``_LONG_COLUMNS`` order): one op then
+        writes, copies or selects them all."""
         self.host = host
         self._device = mask.device
-        self._buffers, self._mask = buffers, mask
+        self._buffers, self._mask, self._longs = buffers, mask, longs
         self._capacity = mask.shape[0]
         self._n = n
         self._key_index: dict[tuple[int, int], int] = {}  # host trees: (parent, token) → node, for merging
@@ -82,20 +85,14 @@ class DraftTree:
         capacity = capacity or INITIAL_CAPACITY
         tree = cls.__new__(cls)
         tree._device = device
-        buffers, mask = _columns(parts if parts is not None else _fresh(device, capacity))
+        parts = parts if parts is not None else _fresh(device, capacity)
+        buffers, mask = _columns(parts)
         if isinstance(root_token, torch.Tensor):
             buffers["tokens"][:1] = root_token.reshape(1)
         else:
             buffers["tokens"][0] = int(root_token)
-        tree._adopt(buffers, mask, 1, host)
+        tree._adopt(buffers, mask, 1, host, parts[0])
         return tree
-
-    def _allocate(self, capacity: int) -> dict[str, torch.Tensor]:
-        """Fresh column buffers; the root's fill values (parent -1, depth 0, no slot) are every column's default."""
-        return {
-            name: torch.full((capacity,), fill, dtype=dtype, device=self._device)
-            for name, dtype, fill in zip(COLUMNS, _DTYPES, _FILL, strict=True)
-        }
 
     def _reserve(self, extra: int) -> None:
         """Room for ``extra`` more nodes: double the buffers until they fit (copying what is there)."""
@@ -106,13 +103,18 @@ class DraftTree:
         while capacity < needed:
             capacity *= 2
         n = self._n
-        buffers = self._allocate(capacity)
-        for name in COLUMNS:
+        parts = _fresh(self._device, capacity)  # fill values everywhere past the copied rows
+        buffers, mask = _columns(parts)
+        if self._longs is not None:
+            parts[0][:, :n] = self._longs[:, :n]
+        else:
+            for name in _LONG_COLUMNS:
+                buffers[name][:n] = self._buffers[name][:n]
+        for name in ("scores", "origins"):
             buffers[name][:n] = self._buffers[name][:n]
-        mask = torch.zeros(capacity, capacity, dtype=torch.bool, device=self._device)
         mask[:n, :n] = self._mask[:n, :n]
         index, indexed = self._key_index, self._indexed  # node indices do not change when the buffers grow
-        self._adopt(buffers, mask, n, self.host)
+        self._adopt(buffers, mask, n, self.host, parts[0])
         self._key_index, self._indexed = index, indexed
 
     def _refresh(self) -> None:
@@ -236,10 +238,14 @@ class DraftTree:
                 rows |= rows.index_select(0, up)
                 up = up.index_select(0, up)
         self._mask[n : n + m] = rows
-        b["tokens"][n : n + m] = tokens
-        b["parents"][n : n + m] = parents
         # a batch of children of existing nodes: one below their parents (cheaper than counting ancestors)
-        b["depths"][n : n + m] = rows.sum(dim=1) - 1 if generations else b["depths"].index_select(0, parents) + 1
+        depths = rows.sum(dim=1) - 1 if generations else b["depths"].index_select(0, parents) + 1
+        if self._longs is not None:
+            self._longs[:3, n : n + m] = torch.stack([tokens, parents, depths])
+        else:
+            b["tokens"][n : n + m] = tokens
+            b["parents"][n : n + m] = parents
+            b["depths"][n : n + m] = depths
         b["scores"][n : n + m] = scores
         b["origins"][n : n + m] = origin
         self._n = n + m
@@ -264,9 +270,12 @@ class DraftTree:
         rows.view(-1).index_fill_(0, torch.tensor(marks), True)
         self._mask[n : n + m] = rows
         b = self._buffers
-        b["tokens"][n : n + m] = torch.tensor(tokens)
-        b["parents"][n : n + m] = torch.tensor(parents)
-        b["depths"][n : n + m] = torch.tensor(new_depths)
+        if self._longs is not None:
+            self._longs[:3, n : n + m] = torch.tensor([tokens, parents, new_depths])
+        else:
+            b["tokens"][n : n + m] = torch.tensor(tokens)
+            b["parents"][n : n + m] = torch.tensor(parents)
+            b["depths"][n : n + m] = torch.tensor(new_depths)
         b["origins"][n : n + m] = origin
         self._n = n + m
         self._refresh()
@@ -464,11 +473,17 @@ class DraftTree:
         k = kept.shape[0]
         new_index = torch.zeros(self._n, dtype=torch.long, device=self._device)
         new_index.index_copy_(0, kept, torch.arange(k, device=self._device))
-        buffers = {name: getattr(self, name).index_select(0, kept) for name in COLUMNS}
-        buffers["parents"] = new_index.index_select(0, buffers["parents"].clamp(min=0))
-        buffers["parents"][0] = -1
+        longs = self._longs.index_select(1, kept) if self._longs is not None else None
+        if longs is not None:
+            buffers = dict(zip(_LONG_COLUMNS, longs.unbind(0), strict=True))
+            buffers.update((name, self._buffers[name].index_select(0, kept)) for name in ("scores", "origins"))
+        else:
+            buffers = {name: getattr(self, name).index_select(0, kept) for name in COLUMNS}
+        parents = buffers["parents"]
+        torch.index_select(new_index, 0, parents.clamp(min=0), out=parents)  # in place: it may be a row of ``longs``
+        parents[0] = -1
         tree = DraftTree.__new__(DraftTree)
-        tree._adopt(buffers, self.ancestor_mask().index_select(0, kept).index_select(1, kept), k, self.host)
+        tree._adopt(buffers, self.ancestor_mask().index_select(0, kept).index_select(1, kept), k, self.host, longs)
         return tree
 
     def top_by_score(self, budget: int) -> DraftTree:
