@@ -140,6 +140,16 @@ class DraftTree:
     origins = property(lambda self: self._column("origins"), lambda self, v: self._column("origins").copy_(v))
     kv_slot = property(lambda self: self._column("kv_slot"), lambda self, v: self._column("kv_slot").copy_(v))
 
+    def buffer(self, name: str) -> torch.Tensor:
+        """Column ``name``'s whole buffer, ``capacity`` entries, fill values past the nodes: what indexing by node
+        needs, without slicing a view of the first ``num_nodes`` after every write (a tree only grows: the
+        entries past its nodes are the fill values until nodes are written there)."""
+        return self._buffers[name]
+
+    def ancestor_rows(self, nodes: torch.Tensor) -> torch.Tensor:  # nodes: [m] -> [m, capacity] bool
+        """The ancestor-mask rows of ``nodes`` over the whole buffer (no ancestor past the nodes)."""
+        return self._mask.index_select(0, nodes)
+
     def listed(self, name: str) -> list[int]:
         """A host tree's ``tokens``, ``parents`` or ``depths`` as a Python list, kept until nodes are written
         (those columns change only then): the layer loop reads them at every layer."""

@@ -73,7 +73,7 @@ class TreeDrafter(ModelDrafter):
         else:
             positions, tokens = on_device_of(depths, self.device), on_device_of(tree.tokens.index_select(0, nodes), self.device)
         kept = m + (1 if p else 0)  # the root's row (last pending) and the nodes': never the prompt's
-        logits = self.lm.forward(tokens, positions, logits_to_keep=kept, mask=mask[:, :total])
+        logits = self.lm.forward(tokens, positions, logits_to_keep=kept, mask=mask)
         self.calls += 1
         self.committed_length = length
         logp = torch.log_softmax(logits if logits.dtype == torch.float32 else logits.float(), dim=-1)
