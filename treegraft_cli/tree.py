@@ -11,6 +11,7 @@ import struct
 
 import torch
 
+from .hostlists import floats, longs
 from .syncs import host_only, read
 
 # Which drafter proposed a node (the ``origin`` column).
@@ -276,16 +277,17 @@ class DraftTree:
                 parent = parents[parent - n]
             anchors.append(parent)
         lists = {name: self.listed(name) for name in _STRUCTURE}
-        rows = self._mask.index_select(0, torch.tensor(anchors))  # [m, capacity] the anchors' rows
-        rows.view(-1).index_fill_(0, torch.tensor(marks), True)
+        both = longs(anchors + marks)  # one host tensor: the anchors, then the marks
+        rows = self._mask.index_select(0, both[:m])  # [m, capacity] the anchors' rows
+        rows.view(-1).index_fill_(0, both[m:], True)
         self._mask[n : n + m] = rows
         b = self._buffers
         if self._longs is not None:
-            self._longs[:3, n : n + m] = torch.tensor([tokens, parents, new_depths])
+            self._longs[:3, n : n + m] = longs(tokens + parents + new_depths).view(3, m)
         else:
-            b["tokens"][n : n + m] = torch.tensor(tokens)
-            b["parents"][n : n + m] = torch.tensor(parents)
-            b["depths"][n : n + m] = torch.tensor(new_depths)
+            b["tokens"][n : n + m] = longs(tokens)
+            b["parents"][n : n + m] = longs(parents)
+            b["depths"][n : n + m] = longs(new_depths)
         b["origins"][n : n + m] = origin
         self._n = n + m
         self._refresh()
@@ -357,10 +359,10 @@ class DraftTree:
                 node.append(j)
             if new:
                 self._reserve(len(new))
-                first = torch.tensor(new)
+                first = longs(new)
                 self._write(n, parents[first], tokens[first], scores[first], origin)
                 self._indexed = self._n  # the new keys are in the index already
-            node = torch.tensor(node)
+            node = longs(node)
             if rescore:  # touched nodes forget their old score and take the (best) new one
                 self.scores[node] = float("-inf")
             self.scores.scatter_reduce_(0, node, scores, reduce="amax")
@@ -399,7 +401,7 @@ class DraftTree:
                 self._reserve(len(new_parents))
                 self._write_lists(n, new_parents, new_tokens, origin)
                 self._indexed = self._n  # the index holds the new keys already
-            self._buffers["scores"][: self._n] = torch.tensor(final)  # every node's settled score in one write
+            self._buffers["scores"][: self._n] = floats(final)  # every node's settled score in one write
             return nodes, final
 
     def add_chains(
@@ -448,7 +450,7 @@ class DraftTree:
                 self._write_lists(start, new_parents, new_tokens, origin)
                 self._indexed = n  # the index holds the new keys already
             if new_parents or touched:
-                self._buffers["scores"][:n] = torch.tensor(scores)  # new nodes' and merged nodes' scores in one write
+                self._buffers["scores"][:n] = floats(scores)  # new nodes' and merged nodes' scores in one write
             return heads
 
     def _indexed_keys(self) -> dict[tuple[int, int], int]:
