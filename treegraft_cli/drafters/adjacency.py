@@ -136,7 +136,7 @@ class AdjacencyTable:
             valid[level + 1] = valid[parent] & written[parent_tokens]
         return tokens[1:], valid[1:]
 
-    def graft(self, tree: DraftTree, template: RankTemplate, slots: int) -> DraftTree:
+    def graft(self, tree: DraftTree, template: RankTemplate, slots: int, depth: int | None = None) -> DraftTree:
         """Hang up to ``slots`` new retrieved nodes from ``tree``'s root, merging duplicates (DESIGN.md §4).
 
         Candidates are resolved depth by depth: a retrieved token equal to an existing child merges into
@@ -145,14 +145,15 @@ class AdjacencyTable:
         kept, so every merge frees its slot for the next candidate. Candidates of one depth never repeat
         one another (their parents are distinct nodes, or one parent's distinct table ranks), so only
         merges with the tree's own nodes are looked for. ``tree`` is grown in place; use the returned tree.
-        One read: how many new nodes there are.
+        One read: how many new nodes there are. ``depth``: a bound on ``tree``'s depth when the caller knows it
+        (candidates deeper than every node cannot merge: their depths skip the search for a match).
         """
-        pending = self.prepare(tree, template, slots)
+        pending = self.prepare(tree, template, slots, depth)
         if pending is None:
             return tree
         return self.finish(pending, int(tree._read(pending.count)))
 
-    def prepare(self, tree: DraftTree, template: RankTemplate, slots: int) -> PendingGraft | None:
+    def prepare(self, tree: DraftTree, template: RankTemplate, slots: int, depth: int | None = None) -> PendingGraft | None:
         """``graft``'s device work, without its read and without touching ``tree``; None when nothing can be
         grafted. A caller may read ``count`` together with other values, then ``finish``."""
         if slots <= 0 or template.size == 0 or self.table is None:
@@ -173,7 +174,8 @@ class AdjacencyTable:
                 tokens.index_copy_(0, slot, successors[tokens.index_select(0, parent), rank])
                 scores.index_copy_(0, slot, scores.index_select(0, parent) + prior)  # slot s holds node n + s - 1 = s
         else:
-            self._resolve(tree, tokens, node, scores, successors, columns, template.fresh_levels(device, n))
+            levels = template.fresh_levels(device, n)
+            self._resolve(tree, tokens, node, scores, successors, columns, levels, len(columns) if depth is None else depth)
         is_new = (tokens[1:] != invalid) & (node[1:] >= n)  # [size] valid new candidates, in priority order
         kept = is_new & (torch.cumsum(is_new, 0) <= slots)
         return PendingGraft(tree, template, tokens, node, scores, kept, kept.sum())
@@ -205,17 +207,24 @@ class AdjacencyTable:
         successors: torch.Tensor,  # [vocab + 2, k]
         columns: tuple[tuple[torch.Tensor, ...], ...],  # ``RankTemplate.level_columns``
         fresh_levels: tuple[tuple[torch.Tensor, torch.Tensor], ...],  # ``RankTemplate.fresh_levels``
+        tree_depth: int,  # no node of ``tree`` is deeper
     ) -> None:
-        """Depth by depth: each candidate's token, and the node it resolves to, merging into an existing child."""
+        """Depth by depth: each candidate's token, and the node it resolves to, merging into an existing child.
+
+        A candidate merges only into an existing node of its own depth: past ``tree_depth`` every one is new."""
         n = tree.num_nodes
         existing = (tree.parents * (1 << 32) + tree.tokens)[None, :]  # [1, n] keys (parent, token)
         indices = torch.arange(n, device=tree.device)
-        for (_, slot, parent, rank, prior), (fresh, fresh_column) in zip(columns, fresh_levels, strict=True):
+        levels = zip(columns, fresh_levels, strict=True)
+        for depth, ((_, slot, parent, rank, prior), (fresh, fresh_column)) in enumerate(levels, start=1):
             parent_node = node.index_select(0, parent)
             token = successors[tokens.index_select(0, parent), rank]
             tokens.index_copy_(0, slot, token)
             score = scores.index_select(0, parent_node) + prior
             scores.index_copy_(0, fresh, score)
+            if depth > tree_depth:
+                node.index_copy_(0, slot, fresh)
+                continue
             same = (parent_node * (1 << 32) + token)[:, None] == existing  # [l, n]; sentinel tokens match nothing
             resolved = torch.where(same, indices, fresh_column).amin(dim=1)  # the matching node, else the new one
             node.index_copy_(0, slot, resolved)

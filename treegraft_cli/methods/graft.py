@@ -218,7 +218,7 @@ class GraftMethod(DenseMethod):
             return None
         guess = next((i for i in stages if self.stages[i].log_threshold > -math.inf), stages[0])
         kept = tree.top_by_score(self.stages[guess].draft_nodes)
-        pending = self.table.prepare(kept, self.stages[guess].template, self.config.tree.budget - kept.size)
+        pending = self.table.prepare(kept, self.stages[guess].template, self.config.tree.budget - kept.size, layer + 1)
         if pending is None:
             log_confidence = read(best)
         else:
@@ -231,9 +231,10 @@ class GraftMethod(DenseMethod):
         return self.graft(tree, self.stages[self.fired])
 
     def graft(self, tree: DraftTree, stage: Stage) -> DraftTree:
-        """The stage's ``K_draft`` best nodes of ``tree``, the freed slots grafted from the table."""
+        """The stage's ``K_draft`` best nodes of ``tree`` (drafted up to the stage's layer), the freed slots grafted
+        from the table."""
         kept = tree.top_by_score(stage.draft_nodes)
-        return self.table.graft(kept, stage.template, self.config.tree.budget - kept.size)
+        return self.table.graft(kept, stage.template, self.config.tree.budget - kept.size, stage.layer + 1)
 
     @staticmethod
     def confidence(tree: DraftTree, layer: int) -> torch.Tensor:  # -> [] float32, on the device
