@@ -122,6 +122,9 @@ class LayerLoop:
         self.target_logp = target_logp
         self.strong = strong
         self.roots = RootTrees()
+        # what a layer that finds no chains hands on, the same (never written) empty tensors every time:
+        # node indices [0], chain tokens [0, 1], their log-probs [0, 1]
+        self.nothing = (torch.empty(0, dtype=torch.long), torch.empty(0, 1, dtype=torch.long), torch.empty(0, 1))
 
     @property
     def pool(self) -> int:
@@ -211,7 +214,7 @@ class LayerLoop:
     def weak_layer(self, g: Growth, layer: int, proposal: WeakProposal | None = None) -> None:
         """Skip: hang the weak drafter's chains (``proposal``, looked up here when not previewed)."""
         proposal = proposal if proposal is not None else self.propose_weak(g, layer)
-        g.frontier = g.frontier[:0]
+        g.frontier = self.nothing[0]
         if not proposal.expanding:
             return
         g.weak_done.update(proposal.expanding)
@@ -246,7 +249,7 @@ class LayerLoop:
                 full.append(parent)
         chain_tokens, logp = self.chain_logp(chains)
         chain_parents = [p for p, _ in chains]
-        preview = WeakPreview(on_device_of(longs(chain_parents), tree.device), logp,
+        preview = WeakPreview(on_device_of(longs(chain_parents) if chains else self.nothing[0], tree.device), logp,
                               on_device_of(chain_tokens, tree.device))
         return WeakProposal(preview, full, tuple(parents), tuple(chain_parents))
 
@@ -258,7 +261,7 @@ class LayerLoop:
         score is its parent's plus the running sum, so a long match the target found surprising ranks low.
         """
         if not chains:
-            return torch.empty(0, 1, dtype=torch.long), torch.empty(0, 1)
+            return self.nothing[1], self.nothing[2]
         width = max(len(c.tokens) for _, c in chains)
         positions = [c.position + j for _, c in chains for j in range(len(c.tokens))]
         scored = iter(self.target_logp.score_on_host(positions, [t for _, c in chains for t in c.tokens]))
