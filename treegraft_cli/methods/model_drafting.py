@@ -17,11 +17,15 @@ def log_probs(logits: torch.Tensor) -> torch.Tensor:  # [m, vocab] -> [m, vocab]
     return torch.log_softmax(logits if logits.dtype == torch.float32 else logits.float(), dim=-1)
 
 
-def forwarded_prefix(tree: DraftTree, verdict: Verdict) -> torch.Tensor:  # -> [] int64
-    """How many accepted nodes, from the root's child down, the model drafter forwarded (its cache holds their rows)."""
-    path = verdict.path[0, 1:]  # [n - 1], -1 past the accepted nodes
-    forwarded = (path >= 0) & (tree.kv_slot[path.clamp(min=0)] >= 0)
-    return torch.cumprod(forwarded, 0).sum()
+def forwarded_prefix(slots: list[int], accepted: list[int]) -> int:  # slots: [num_nodes], accepted: root excluded
+    """How many accepted nodes, from the root's child down, the model drafter forwarded (its cache holds their rows):
+    the leading ones with a cache row (``kv_slot`` read with the verdict)."""
+    count = 0
+    for node in accepted:
+        if slots[node] < 0:
+            break
+        count += 1
+    return count
 
 
 class ModelDraftingMethod(Method):
@@ -39,10 +43,14 @@ class ModelDraftingMethod(Method):
         self.drafter.reset()
 
     def readback(self, tree: DraftTree, verdict: Verdict, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (forwarded_prefix(tree, verdict),)
+        # every node's cache row as it is: the host finds the forwarded prefix of the accepted path in Python,
+        # cheaper than the handful of tensor ops that would count it on the device
+        return (tree.kv_slot,)
 
     def observe(self, observation: Observation) -> None:
-        forwarded = host_value(observation.host[0]) if observation.host else None
+        forwarded = None
+        if observation.host:
+            forwarded = forwarded_prefix(host_value(observation.host[0]), observation.accepted_nodes)
         self.drafter.commit(observation.tree, observation.path, forwarded)
 
     def drafter_calls(self) -> dict[str, int]:
