@@ -483,8 +483,6 @@ class DraftTree:
         Its columns are exactly ``k`` long (appending to it reallocates).
         """
         k = kept.shape[0]
-        new_index = torch.zeros(self._n, dtype=torch.long, device=self._device)
-        new_index.index_copy_(0, kept, torch.arange(k, device=self._device))
         longs = self._longs.index_select(1, kept) if self._longs is not None else None
         if longs is not None:
             buffers = dict(zip(_LONG_COLUMNS, longs.unbind(0), strict=True))
@@ -492,7 +490,8 @@ class DraftTree:
         else:
             buffers = {name: getattr(self, name).index_select(0, kept) for name in COLUMNS}
         parents = buffers["parents"]
-        torch.index_select(new_index, 0, parents.clamp(min=0), out=parents)  # in place: it may be a row of ``longs``
+        # a kept parent's new index is its position in ``kept`` (ascending); in place: it may be a row of ``longs``
+        parents.copy_(torch.searchsorted(kept, parents))
         parents[0] = -1
         tree = DraftTree.__new__(DraftTree)
         tree._adopt(buffers, self.ancestor_mask().index_select(0, kept).index_select(1, kept), k, self.host, longs)
@@ -508,7 +507,7 @@ class DraftTree:
             return self
         order = torch.sort(self.scores[1:], descending=True, stable=True).indices + 1
         kept = torch.sort(order[:budget]).values
-        return self.select(torch.cat([kept.new_zeros(1), kept]))
+        return self.select(torch.nn.functional.pad(kept, (1, 0)))  # the root (0) first
 
     def close_over_ancestors(self, keep: torch.Tensor, limit: int | None = None) -> torch.Tensor:
         """Add every ancestor of a kept node; with ``limit``, the result must fit it (checked: one read)."""
