@@ -112,9 +112,9 @@ class DenseMethod(ModelDraftingMethod):
         The parents are the last frontier, childless, and a top-k never repeats a token: every child is new.
         """
         top_logp, top_tokens = torch.topk(log_probs(logits), k, dim=-1)  # [p, k]
-        scores = (tree.buffer("scores").index_select(0, parents)[:, None] + top_logp).flatten()  # [p * k] parent by parent
-        first = tree.append(parents.index_select(0, self.spread(parents.shape[0], k)), top_tokens.flatten(), scores,
-                            ORIGIN_MODEL)
+        parent_of = parents.index_select(0, self.spread(parents.shape[0], k))  # [p * k] parent by parent
+        scores = tree.buffer("scores").index_select(0, parent_of) + top_logp.view(-1)  # [p * k]
+        first = tree.append(parent_of, top_tokens.flatten(), scores, ORIGIN_MODEL)
         return torch.topk(scores, min(k, scores.shape[0])).indices + first  # the new nodes are first, first + 1, ...
 
     def spread(self, p: int, k: int) -> torch.Tensor:  # -> [p * k]
