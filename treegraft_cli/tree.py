@@ -277,9 +277,9 @@ class DraftTree:
                 parent = parents[parent - n]
             anchors.append(parent)
         lists = {name: self.listed(name) for name in _STRUCTURE}
-        both = longs(anchors + marks)  # one host tensor: the anchors, then the marks
-        rows = self._mask.index_select(0, both[:m])  # [m, capacity] the anchors' rows
-        rows.view(-1).index_fill_(0, both[m:], True)
+        anchor_rows, marked = longs(anchors + marks).split([m, len(marks)])  # one host tensor, two views
+        rows = self._mask.index_select(0, anchor_rows)  # [m, capacity] the anchors' rows
+        rows.view(-1).index_fill_(0, marked, True)
         self._mask[n : n + m] = rows
         b = self._buffers
         if self._longs is not None:

@@ -341,7 +341,7 @@ def strong_lookup(
     index = on_device_of(longs([rows[p] * vocab + t for p, t in zip(parents[1:], tokens[1:], strict=True)]
                                + [rows[c] for c in candidates]), device)
     local = logp.view(-1).index_select(0, index[:m])
-    top_logp, top_tokens = torch.topk(logp[index[m:]], k, dim=-1)
+    top_logp, top_tokens = torch.topk(logp.index_select(0, index[m:]), k, dim=-1)
     local, top_logp, top_tokens = fetch(local, top_logp, top_tokens)
     with host_only():
         return StrongLookup(local.tolist(), top_logp.tolist(), top_tokens.tolist())
