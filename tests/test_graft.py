@@ -254,6 +254,18 @@ def test_a_checkpoint_that_changes_no_tree_is_judged_after_verification(tiny_sel
     assert all(s.syncs == 1 and s.drafter_calls.get("graft_stage_2") == 1 for s in graft.steps)
 
 
+def test_a_firing_checkpoint_reads_once_with_its_graft(tiny_self_pair):
+    """The first checkpoint always fires: its confidence and the size of the graft it makes come in one read,
+    so a step reads twice (that and the verdict), and the output is still the target's greedy one."""
+    prompt, tree = random_prompt(seed=5), TreeConfig(budget=16, depth=4, top_k=4)
+    expected = reference_greedy(tiny_self_pair[1], prompt, 24)
+    first = {"thresholds": [1.0, 0, 0]}
+    graft = speculative(tiny_self_pair, DecodeConfig(method="graft", tree=tree, max_new_tokens=24,
+                                                     method_options=first), prompt)
+    assert graft.output_ids == expected
+    assert all(s.syncs == 2 and s.drafter_calls.get("graft_stage_0") == 1 for s in graft.steps)
+
+
 def test_table_is_kept_across_requests_until_reset(tiny_self_pair):
     drafter, target = tiny_self_pair
     decoder = SpeculativeDecoder(CausalLM(target.model), DecodeConfig(method="adjacency", max_new_tokens=16))

@@ -90,6 +90,7 @@ class CausalLM:
         self.verifier: StaticVerifier | None = None
         self._static_cache: StaticCache | None = None
         self._length = 0  # rows in use in the static cache (its own count lives on the device)
+        self._mask_constants: tuple[torch.Tensor, torch.Tensor] | None = None  # see ``_mask_values``
 
     def capture_hidden_states(self, indices: Sequence[int]) -> None:
         """Keep these hidden states of every later forward in ``last_hidden``, concatenated in this order.
@@ -248,9 +249,17 @@ class CausalLM:
             return self._forward_static(tokens, depths, ancestor_mask, prefix)
         if n == 1:
             return self.forward(tokens)
-        mask = torch.zeros(n, prefix + n, dtype=self.dtype, device=self.device)
-        mask[:, prefix:].masked_fill_(~ancestor_mask, torch.finfo(self.dtype).min)
+        # the tree's part picked from two constants, the committed prefix (all visible: 0) padded in front
+        visible, hidden = self._mask_values()
+        mask = torch.nn.functional.pad(torch.where(ancestor_mask, visible, hidden), (prefix, 0))  # [n, prefix + n]
         return self._forward(tokens, prefix + depths, mask[None, None])
+
+    def _mask_values(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """0-d additive-mask values in the model's dtype on its device, made once: visible (0), hidden."""
+        if self._mask_constants is None:
+            zero = torch.zeros((), dtype=self.dtype, device=self.device)
+            self._mask_constants = (zero, torch.full_like(zero, torch.finfo(self.dtype).min))
+        return self._mask_constants
 
     @inference
     def _forward_static(self, tokens, depths, ancestor_mask, prefix: int) -> torch.Tensor:  # -> [n, vocab]

@@ -171,18 +171,30 @@ def audited_count() -> int | None:
     return None if auditor is None else auditor.count
 
 
-@contextmanager
-def uncounted() -> Iterator[None]:
+class _AuditorScope:
+    """``uncounted()`` and ``host_only()``: one counter of the running auditor raised for the block, if one runs. A
+    plain class, not a generator-based context manager: the hot path enters a few dozen of them per step."""
+
+    __slots__ = ("_field", "_auditor")
+
+    def __init__(self, field: str):
+        self._field = field
+        self._auditor: SyncAuditor | None = None
+
+    def __enter__(self) -> None:
+        auditor = self._auditor = _RUNNING.get()
+        if auditor is not None:
+            setattr(auditor, self._field, getattr(auditor, self._field) + 1)
+
+    def __exit__(self, *exc) -> None:
+        auditor = self._auditor
+        if auditor is not None:
+            setattr(auditor, self._field, getattr(auditor, self._field) - 1)
+
+
+def uncounted() -> _AuditorScope:
     """A model forward (its own synchronisations are the model's, not the decoding step's) or a counted ``read``."""
-    auditor = _RUNNING.get()
-    if auditor is None:
-        yield
-        return
-    auditor._paused += 1
-    try:
-        yield
-    finally:
-        auditor._paused -= 1
+    return _AuditorScope("_paused")
 
 
 @contextmanager
@@ -203,18 +215,9 @@ def cuda_sync_debug(device: torch.device) -> Iterator[list[str]]:
     messages.extend(str(w.message) for w in caught if "synchroniz" in str(w.message))
 
 
-@contextmanager
-def host_only() -> Iterator[None]:
+def host_only() -> _AuditorScope:
     """Host-side code on host tensors (``fetch`` copies, host trees and tables): its reads wait for no device."""
-    auditor = _RUNNING.get()
-    if auditor is None:
-        yield
-        return
-    auditor._host += 1
-    try:
-        yield
-    finally:
-        auditor._host -= 1
+    return _AuditorScope("_host")
 
 
 def host_value(tensor: torch.Tensor) -> Any:

@@ -11,6 +11,7 @@ import struct
 
 import torch
 
+from .hostlists import floats, longs
 from .syncs import host_only, read
 
 # Which drafter proposed a node (the ``origin`` column).
@@ -22,7 +23,6 @@ ORIGIN_NAMES = {ORIGIN_ROOT: "root", ORIGIN_MODEL: "model", ORIGIN_NGRAM: "ngram
 
 
 COLUMNS = ("tokens", "parents", "depths", "scores", "origins", "kv_slot")
-_DTYPES = (torch.long, torch.long, torch.long, torch.float32, torch.int8, torch.long)
 _FILL = (0, -1, 0, float("-inf"), ORIGIN_ROOT, -1)
 INITIAL_CAPACITY = 64
 _LONG_COLUMNS = ("tokens", "parents", "depths", "kv_slot")
@@ -62,11 +62,15 @@ class DraftTree:
         columns = (tokens.long(), parents.long(), depths.long(), scores.float(), origins.to(torch.int8), kv_slot.long())
         self._adopt(dict(zip(COLUMNS, columns, strict=True)), ancestor_mask, n, host)
 
-    def _adopt(self, buffers: dict[str, torch.Tensor], mask: torch.Tensor, n: int, host: bool) -> None:
-        """Take ``buffers`` (columns of ``capacity`` entries, the first ``n`` in use) and ``mask`` as they are."""
+    def _adopt(self, buffers: dict[str, torch.Tensor], mask: torch.Tensor, n: int, host: bool,
+               longs: torch.Tensor | None = None) -> None:
+        """Take ``buffers`` (columns of ``capacity`` entries, the first ``n`` in use) and ``mask`` as they are.
+
+        ``longs``: ``[4, capacity]`` when the int64 columns are its rows (``_LONG_COLUMNS`` order): one op then
+        writes, copies or selects them all."""
         self.host = host
         self._device = mask.device
-        self._buffers, self._mask = buffers, mask
+        self._buffers, self._mask, self._longs = buffers, mask, longs
         self._capacity = mask.shape[0]
         self._n = n
         self._key_index: dict[tuple[int, int], int] = {}  # host trees: (parent, token) → node, for merging
@@ -82,20 +86,14 @@ class DraftTree:
         capacity = capacity or INITIAL_CAPACITY
         tree = cls.__new__(cls)
         tree._device = device
-        buffers, mask = _columns(parts if parts is not None else _fresh(device, capacity))
+        parts = parts if parts is not None else _fresh(device, capacity)
+        buffers, mask = _columns(parts)
         if isinstance(root_token, torch.Tensor):
             buffers["tokens"][:1] = root_token.reshape(1)
         else:
             buffers["tokens"][0] = int(root_token)
-        tree._adopt(buffers, mask, 1, host)
+        tree._adopt(buffers, mask, 1, host, parts[0])
         return tree
-
-    def _allocate(self, capacity: int) -> dict[str, torch.Tensor]:
-        """Fresh column buffers; the root's fill values (parent -1, depth 0, no slot) are every column's default."""
-        return {
-            name: torch.full((capacity,), fill, dtype=dtype, device=self._device)
-            for name, dtype, fill in zip(COLUMNS, _DTYPES, _FILL, strict=True)
-        }
 
     def _reserve(self, extra: int) -> None:
         """Room for ``extra`` more nodes: double the buffers until they fit (copying what is there)."""
@@ -106,13 +104,18 @@ class DraftTree:
         while capacity < needed:
             capacity *= 2
         n = self._n
-        buffers = self._allocate(capacity)
-        for name in COLUMNS:
+        parts = _fresh(self._device, capacity)  # fill values everywhere past the copied rows
+        buffers, mask = _columns(parts)
+        if self._longs is not None:
+            parts[0][:, :n] = self._longs[:, :n]
+        else:
+            for name in _LONG_COLUMNS:
+                buffers[name][:n] = self._buffers[name][:n]
+        for name in ("scores", "origins"):
             buffers[name][:n] = self._buffers[name][:n]
-        mask = torch.zeros(capacity, capacity, dtype=torch.bool, device=self._device)
         mask[:n, :n] = self._mask[:n, :n]
         index, indexed = self._key_index, self._indexed  # node indices do not change when the buffers grow
-        self._adopt(buffers, mask, n, self.host)
+        self._adopt(buffers, mask, n, self.host, parts[0])
         self._key_index, self._indexed = index, indexed
 
     def _refresh(self) -> None:
@@ -137,6 +140,16 @@ class DraftTree:
     scores = property(lambda self: self._column("scores"), lambda self, v: self._column("scores").copy_(v))
     origins = property(lambda self: self._column("origins"), lambda self, v: self._column("origins").copy_(v))
     kv_slot = property(lambda self: self._column("kv_slot"), lambda self, v: self._column("kv_slot").copy_(v))
+
+    def buffer(self, name: str) -> torch.Tensor:
+        """Column ``name``'s whole buffer, ``capacity`` entries, fill values past the nodes: what indexing by node
+        needs, without slicing a view of the first ``num_nodes`` after every write (a tree only grows: the
+        entries past its nodes are the fill values until nodes are written there)."""
+        return self._buffers[name]
+
+    def ancestor_rows(self, nodes: torch.Tensor) -> torch.Tensor:  # nodes: [m] -> [m, capacity] bool
+        """The ancestor-mask rows of ``nodes`` over the whole buffer (no ancestor past the nodes)."""
+        return self._mask.index_select(0, nodes)
 
     def listed(self, name: str) -> list[int]:
         """A host tree's ``tokens``, ``parents`` or ``depths`` as a Python list, kept until nodes are written
@@ -195,11 +208,21 @@ class DraftTree:
         origin: int,
     ) -> torch.Tensor:
         """Append children known to be new (no (parent, token) pair repeats or exists): no read. Returns their indices [m]."""
-        m = parents.shape[0]
-        self._reserve(m)
+        n = self.append(parents, tokens, scores, origin)
+        return torch.arange(n, self._n, device=self._device)
+
+    def append(
+        self,
+        parents: torch.Tensor,  # [m] node indices
+        tokens: torch.Tensor,  # [m]
+        scores: torch.Tensor,  # [m]
+        origin: int,
+    ) -> int:
+        """``append_children`` returning the first new index (the new nodes are ``first .. num_nodes - 1``)."""
+        self._reserve(parents.shape[0])
         n = self._n
         self._write(n, _as(parents, torch.long), _as(tokens, torch.long), _as(scores, torch.float32), origin)
-        return torch.arange(n, n + m, device=self._device)
+        return n
 
     def _write(
         self,
@@ -226,9 +249,14 @@ class DraftTree:
                 rows |= rows.index_select(0, up)
                 up = up.index_select(0, up)
         self._mask[n : n + m] = rows
-        b["tokens"][n : n + m] = tokens
-        b["parents"][n : n + m] = parents
-        b["depths"][n : n + m] = rows.sum(dim=1) - 1
+        # a batch of children of existing nodes: one below their parents (cheaper than counting ancestors)
+        depths = rows.sum(dim=1) - 1 if generations else b["depths"].index_select(0, parents) + 1
+        if self._longs is not None:
+            self._longs[:3, n : n + m] = torch.stack([tokens, parents, depths])
+        else:
+            b["tokens"][n : n + m] = tokens
+            b["parents"][n : n + m] = parents
+            b["depths"][n : n + m] = depths
         b["scores"][n : n + m] = scores
         b["origins"][n : n + m] = origin
         self._n = n + m
@@ -249,13 +277,17 @@ class DraftTree:
                 parent = parents[parent - n]
             anchors.append(parent)
         lists = {name: self.listed(name) for name in _STRUCTURE}
-        rows = self._mask.index_select(0, torch.tensor(anchors))  # [m, capacity] the anchors' rows
-        rows.view(-1).index_fill_(0, torch.tensor(marks), True)
+        anchor_rows, marked = longs(anchors + marks).split([m, len(marks)])  # one host tensor, two views
+        rows = self._mask.index_select(0, anchor_rows)  # [m, capacity] the anchors' rows
+        rows.view(-1).index_fill_(0, marked, True)
         self._mask[n : n + m] = rows
         b = self._buffers
-        b["tokens"][n : n + m] = torch.tensor(tokens)
-        b["parents"][n : n + m] = torch.tensor(parents)
-        b["depths"][n : n + m] = torch.tensor(new_depths)
+        if self._longs is not None:
+            self._longs[:3, n : n + m] = longs(tokens + parents + new_depths).view(3, m)
+        else:
+            b["tokens"][n : n + m] = longs(tokens)
+            b["parents"][n : n + m] = longs(parents)
+            b["depths"][n : n + m] = longs(new_depths)
         b["origins"][n : n + m] = origin
         self._n = n + m
         self._refresh()
@@ -327,10 +359,10 @@ class DraftTree:
                 node.append(j)
             if new:
                 self._reserve(len(new))
-                first = torch.tensor(new)
+                first = longs(new)
                 self._write(n, parents[first], tokens[first], scores[first], origin)
                 self._indexed = self._n  # the new keys are in the index already
-            node = torch.tensor(node)
+            node = longs(node)
             if rescore:  # touched nodes forget their old score and take the (best) new one
                 self.scores[node] = float("-inf")
             self.scores.scatter_reduce_(0, node, scores, reduce="amax")
@@ -369,7 +401,7 @@ class DraftTree:
                 self._reserve(len(new_parents))
                 self._write_lists(n, new_parents, new_tokens, origin)
                 self._indexed = self._n  # the index holds the new keys already
-            self._buffers["scores"][: self._n] = torch.tensor(final)  # every node's settled score in one write
+            self._buffers["scores"][: self._n] = floats(final)  # every node's settled score in one write
             return nodes, final
 
     def add_chains(
@@ -418,7 +450,7 @@ class DraftTree:
                 self._write_lists(start, new_parents, new_tokens, origin)
                 self._indexed = n  # the index holds the new keys already
             if new_parents or touched:
-                self._buffers["scores"][:n] = torch.tensor(scores)  # new nodes' and merged nodes' scores in one write
+                self._buffers["scores"][:n] = floats(scores)  # new nodes' and merged nodes' scores in one write
             return heads
 
     def _indexed_keys(self) -> dict[tuple[int, int], int]:
@@ -451,13 +483,18 @@ class DraftTree:
         Its columns are exactly ``k`` long (appending to it reallocates).
         """
         k = kept.shape[0]
-        new_index = torch.zeros(self._n, dtype=torch.long, device=self._device)
-        new_index.index_copy_(0, kept, torch.arange(k, device=self._device))
-        buffers = {name: getattr(self, name).index_select(0, kept) for name in COLUMNS}
-        buffers["parents"] = new_index.index_select(0, buffers["parents"].clamp(min=0))
-        buffers["parents"][0] = -1
+        longs = self._longs.index_select(1, kept) if self._longs is not None else None
+        if longs is not None:
+            buffers = dict(zip(_LONG_COLUMNS, longs.unbind(0), strict=True))
+            buffers.update((name, self._buffers[name].index_select(0, kept)) for name in ("scores", "origins"))
+        else:
+            buffers = {name: getattr(self, name).index_select(0, kept) for name in COLUMNS}
+        parents = buffers["parents"]
+        # a kept parent's new index is its position in ``kept`` (ascending); in place: it may be a row of ``longs``
+        parents.copy_(torch.searchsorted(kept, parents))
+        parents[0] = -1
         tree = DraftTree.__new__(DraftTree)
-        tree._adopt(buffers, self.ancestor_mask().index_select(0, kept).index_select(1, kept), k, self.host)
+        tree._adopt(buffers, self.ancestor_mask().index_select(0, kept).index_select(1, kept), k, self.host, longs)
         return tree
 
     def top_by_score(self, budget: int) -> DraftTree:
@@ -470,7 +507,7 @@ class DraftTree:
             return self
         order = torch.sort(self.scores[1:], descending=True, stable=True).indices + 1
         kept = torch.sort(order[:budget]).values
-        return self.select(torch.cat([kept.new_zeros(1), kept]))
+        return self.select(torch.nn.functional.pad(kept, (1, 0)))  # the root (0) first
 
     def close_over_ancestors(self, keep: torch.Tensor, limit: int | None = None) -> torch.Tensor:
         """Add every ancestor of a kept node; with ``limit``, the result must fit it (checked: one read)."""

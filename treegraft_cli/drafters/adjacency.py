@@ -14,11 +14,26 @@ every request start and ``reset`` only when they want a fresh table.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..lm import on_device_of
 from ..tree import ORIGIN_ADJACENCY, DraftTree
 from .rank_template import RankTemplate
+
+
+@dataclass(frozen=True)
+class PendingGraft:
+    """A graft worked out on the device, waiting for one number: how many new nodes it makes (``count``)."""
+
+    tree: DraftTree  # the tree to grow (untouched until ``AdjacencyTable.finish``)
+    template: RankTemplate
+    tokens: torch.Tensor  # [size + 1] each candidate's token, slot 0 the root
+    node: torch.Tensor  # [size + 1] the node each candidate resolves to
+    scores: torch.Tensor  # [n + size] by resolved node, merges raised
+    kept: torch.Tensor  # [size] bool: the new candidates that fit the slots
+    count: torch.Tensor  # [] int64: how many are kept
 
 
 class AdjacencyTable:
@@ -121,7 +136,7 @@ class AdjacencyTable:
             valid[level + 1] = valid[parent] & written[parent_tokens]
         return tokens[1:], valid[1:]
 
-    def graft(self, tree: DraftTree, template: RankTemplate, slots: int) -> DraftTree:
+    def graft(self, tree: DraftTree, template: RankTemplate, slots: int, depth: int | None = None) -> DraftTree:
         """Hang up to ``slots`` new retrieved nodes from ``tree``'s root, merging duplicates (DESIGN.md §4).
 
         Candidates are resolved depth by depth: a retrieved token equal to an existing child merges into
@@ -130,10 +145,19 @@ class AdjacencyTable:
         kept, so every merge frees its slot for the next candidate. Candidates of one depth never repeat
         one another (their parents are distinct nodes, or one parent's distinct table ranks), so only
         merges with the tree's own nodes are looked for. ``tree`` is grown in place; use the returned tree.
-        One read: how many new nodes there are.
+        One read: how many new nodes there are. ``depth``: a bound on ``tree``'s depth when the caller knows it
+        (candidates deeper than every node cannot merge: their depths skip the search for a match).
         """
-        if slots <= 0 or template.size == 0 or self.table is None:
+        pending = self.prepare(tree, template, slots, depth)
+        if pending is None:
             return tree
+        return self.finish(pending, int(tree._read(pending.count)))
+
+    def prepare(self, tree: DraftTree, template: RankTemplate, slots: int, depth: int | None = None) -> PendingGraft | None:
+        """``graft``'s device work, without its read and without touching ``tree``; None when nothing can be
+        grafted. A caller may read ``count`` together with other values, then ``finish``."""
+        if slots <= 0 or template.size == 0 or self.table is None:
+            return None
         device, n, size = tree.device, tree.num_nodes, template.size
         successors = on_device_of(self._successors, device)
         invalid = successors.shape[0] - 1  # the sentinel token: some row on the way was never written
@@ -150,10 +174,29 @@ class AdjacencyTable:
                 tokens.index_copy_(0, slot, successors[tokens.index_select(0, parent), rank])
                 scores.index_copy_(0, slot, scores.index_select(0, parent) + prior)  # slot s holds node n + s - 1 = s
         else:
-            self._resolve(tree, tokens, node, scores, successors, columns, template.fresh_levels(device, n))
+            levels = template.fresh_levels(device, n)
+            self._resolve(tree, tokens, node, scores, successors, columns, levels, len(columns) if depth is None else depth)
+        is_new = (tokens[1:] != invalid) & (node[1:] >= n)  # [size] valid new candidates, in priority order
+        kept = is_new & (torch.cumsum(is_new, 0) <= slots)
+        return PendingGraft(tree, template, tokens, node, scores, kept, kept.sum())
+
+    @staticmethod
+    def finish(pending: PendingGraft, count: int) -> DraftTree:
+        """Grow ``pending.tree`` by the ``count`` kept candidates (``pending.count`` read) and its merges' scores."""
+        tree, template = pending.tree, pending.template
+        n, size, device = tree.num_nodes, template.size, tree.device
         if n > 1:
-            tree.scores = scores[:n]
-        return self._append(tree, template, tokens, node, scores, slots, tokens[1:] != invalid)
+            tree.scores = pending.scores[:n]
+        if count == 0:
+            return tree
+        depths = template.fresh_depths(device)
+        order = torch.sort(torch.where(pending.kept, depths, size + 1), stable=True).indices[:count]  # depth order
+        final = torch.arange(n + size, device=device)  # resolved node → index in the grown tree
+        final[n + order] = n + torch.arange(count, device=device)
+        tree._reserve(count)
+        tree._write(n, final[pending.node[template.parents_on(device)[order] + 1]], pending.tokens[order + 1],
+                    pending.scores[n + order], ORIGIN_ADJACENCY, generations=len(template.levels))
+        return tree
 
     @staticmethod
     def _resolve(
@@ -164,44 +207,25 @@ class AdjacencyTable:
         successors: torch.Tensor,  # [vocab + 2, k]
         columns: tuple[tuple[torch.Tensor, ...], ...],  # ``RankTemplate.level_columns``
         fresh_levels: tuple[tuple[torch.Tensor, torch.Tensor], ...],  # ``RankTemplate.fresh_levels``
+        tree_depth: int,  # no node of ``tree`` is deeper
     ) -> None:
-        """Depth by depth: each candidate's token, and the node it resolves to, merging into an existing child."""
+        """Depth by depth: each candidate's token, and the node it resolves to, merging into an existing child.
+
+        A candidate merges only into an existing node of its own depth: past ``tree_depth`` every one is new."""
         n = tree.num_nodes
         existing = (tree.parents * (1 << 32) + tree.tokens)[None, :]  # [1, n] keys (parent, token)
         indices = torch.arange(n, device=tree.device)
-        for (_, slot, parent, rank, prior), (fresh, fresh_column) in zip(columns, fresh_levels, strict=True):
+        levels = zip(columns, fresh_levels, strict=True)
+        for depth, ((_, slot, parent, rank, prior), (fresh, fresh_column)) in enumerate(levels, start=1):
             parent_node = node.index_select(0, parent)
             token = successors[tokens.index_select(0, parent), rank]
             tokens.index_copy_(0, slot, token)
             score = scores.index_select(0, parent_node) + prior
             scores.index_copy_(0, fresh, score)
+            if depth > tree_depth:
+                node.index_copy_(0, slot, fresh)
+                continue
             same = (parent_node * (1 << 32) + token)[:, None] == existing  # [l, n]; sentinel tokens match nothing
             resolved = torch.where(same, indices, fresh_column).amin(dim=1)  # the matching node, else the new one
             node.index_copy_(0, slot, resolved)
             scores.scatter_reduce_(0, resolved, score, reduce="amax")  # a merged node keeps the higher score
-
-    @staticmethod
-    def _append(
-        tree: DraftTree,
-        template: RankTemplate,
-        tokens: torch.Tensor,  # [size + 1]
-        node: torch.Tensor,  # [size + 1]
-        scores: torch.Tensor,  # [n + size]
-        slots: int,
-        valid: torch.Tensor,  # [size] bool
-    ) -> DraftTree:
-        """Append the first ``slots`` new valid candidates, in priority order, depth by depth. One read: how many."""
-        n, size, device = tree.num_nodes, template.size, tree.device
-        is_new = valid & (node[1:] >= n)  # [size] in priority order
-        kept = is_new & (torch.cumsum(is_new, 0) <= slots)
-        count = int(tree._read(kept.sum()))
-        if count == 0:
-            return tree
-        depths = template.fresh_depths(device)
-        order = torch.sort(torch.where(kept, depths, size + 1), stable=True).indices[:count]  # depth order
-        final = torch.arange(n + size, device=device)  # resolved node → index in the grown tree
-        final[n + order] = n + torch.arange(count, device=device)
-        tree._reserve(count)
-        tree._write(n, final[node[template.parents_on(device)[order] + 1]], tokens[order + 1], scores[n + order],
-                    ORIGIN_ADJACENCY, generations=len(template.levels))
-        return tree

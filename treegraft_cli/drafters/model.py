@@ -34,26 +34,29 @@ def tree_visibility(
 
 
 def hide_all(rows: int, end_row: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``[rows, end_row + 1]`` additive mask hiding every cache row, plus one scratch column (see ``show_tree``)."""
-    return torch.full((rows, end_row + 1), torch.finfo(dtype).min, dtype=dtype, device=device)
+    """``[rows, end_row]`` additive mask hiding every cache row (see ``show_tree``)."""
+    return torch.full((rows, end_row), torch.finfo(dtype).min, dtype=dtype, device=device)
 
 
 def show_tree(
-    mask: torch.Tensor,  # [m, end_row + 1] additive, from ``hide_all``; written in place
+    mask: torch.Tensor,  # [m, end_row] additive, from ``hide_all``; written in place
     tree: DraftTree,
     nodes: torch.Tensor,  # [m] node indices, their kv_slot already set
-    ancestor_mask: torch.Tensor,  # [num_nodes, num_nodes]
-    first_row: int,  # the first cache row a tree node may hold (rows before it are committed)
+    ancestor_mask: torch.Tensor | None,  # [num_nodes, num_nodes]; None: the tree's own
+    first_row: int,  # the first cache row a tree node may hold (rows before it are committed); at least 1
 ) -> None:
     """Unhide what each of ``nodes`` sees: the committed rows before ``first_row``, its ancestors' rows and its own.
 
-    The additive mask is written directly (``tree_visibility`` as floats, without a bool mask to convert);
-    non-ancestors and nodes without a row are pointed at the scratch column: no data-dependent indexing.
+    The additive mask is written directly (``tree_visibility`` as floats, without a bool mask to convert).
+    Non-ancestors and nodes without a row are pointed at cache row 0, a committed row every node sees anyway:
+    no data-dependent indexing and no scratch column.
     """
-    end_row = mask.shape[1] - 1
     mask[:, :first_row] = 0
-    slots = torch.where(tree.kv_slot >= 0, tree.kv_slot, end_row)  # [num_nodes]
-    columns = torch.where(ancestor_mask.index_select(0, nodes), slots, end_row)  # [m, num_nodes]
+    if ancestor_mask is None:  # the tree's whole buffers: rows past its nodes hold no ancestors and no slots
+        rows, slots = tree.ancestor_rows(nodes), tree.buffer("kv_slot")  # [m, capacity], [capacity]
+    else:
+        rows, slots = ancestor_mask.index_select(0, nodes), tree.kv_slot  # [m, num_nodes], [num_nodes]
+    columns = rows * slots.clamp(min=0)  # [m, *] the ancestors' rows, row 0 elsewhere
     mask.scatter_(1, on_device_of(columns, mask.device), 0.0)
 
 
@@ -91,17 +94,15 @@ class ModelDrafter:
         ancestors_forwarded: bool = True,  # always so here (a head's drafter also forwards missing ancestors)
     ) -> torch.Tensor:
         """Forward ``nodes`` under a tree mask; record their cache rows; return logits ``[m, vocab]``."""
-        if ancestor_mask is None:
-            ancestor_mask = tree.ancestor_mask()
         cache_length = self.lm.cache_length
         m = nodes.shape[0]
         end = cache_length + m
-        tree.kv_slot.index_copy_(0, nodes, torch.arange(cache_length, end, device=tree.device))
+        tree.buffer("kv_slot").index_copy_(0, nodes, torch.arange(cache_length, end, device=tree.device))
         mask = hide_all(m, end, self.lm.dtype, self.device)
         show_tree(mask, tree, nodes, ancestor_mask, self.committed_length)
-        positions = on_device_of(tree.depths.index_select(0, nodes) + (self.committed_length - 1), self.device)
-        tokens = on_device_of(tree.tokens.index_select(0, nodes), self.device)
-        logits = self.lm.forward(tokens, positions, mask=mask[:, :end])
+        positions = on_device_of(tree.buffer("depths").index_select(0, nodes) + (self.committed_length - 1), self.device)
+        tokens = on_device_of(tree.buffer("tokens").index_select(0, nodes), self.device)
+        logits = self.lm.forward(tokens, positions, mask=mask)
         self.calls += 1
         return logits
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..hostlists import longs
 from ..syncs import host_only, read
 from ..tree import float32
 
@@ -76,7 +77,7 @@ class TargetLogProbCache:
         length = self.values.shape[0]
         if length == 0:
             return [float32(-self.fallback_penalty)] * len(positions)
-        rows = torch.tensor([min(p, length - 1) for p in positions])
+        rows = longs([min(p, length - 1) for p in positions])
         with host_only():
             values, top = self.values.index_select(0, rows).tolist(), self.tokens.index_select(0, rows).tolist()
         penalty = float32(self.fallback_penalty)

@@ -58,22 +58,22 @@ class TreeDrafter(ModelDrafter):
             return
         cache_length = self.lm.cache_length
         total = cache_length + p + m
-        tree.kv_slot.index_copy_(0, nodes, torch.arange(cache_length + p, total, device=tree.device))
+        tree.buffer("kv_slot").index_copy_(0, nodes, torch.arange(cache_length + p, total, device=tree.device))
         mask = hide_all(p + m, total, self.lm.dtype, self.device)
         if p:  # pending rows: the committed rows and the pending ones up to their own (causal)
             mask[:p, : self.committed_length] = 0
             mask[:p, cache_length : cache_length + p] = mask.new_full((p, p), torch.finfo(mask.dtype).min).triu(1)
         # node rows see every committed row, pending ones included, and their own ancestors'
         show_tree(mask[p:] if p else mask, tree, nodes, ancestor_mask, length)
-        depths = tree.depths.index_select(0, nodes) + (length - 1)
+        depths = tree.buffer("depths").index_select(0, nodes) + (length - 1)
         if p:
             committed_positions = torch.arange(self.committed_length, length, device=self.device)
             positions = torch.cat([committed_positions, on_device_of(depths, self.device)])
-            tokens = torch.cat([pending, on_device_of(tree.tokens.index_select(0, nodes), self.device)])
+            tokens = torch.cat([pending, on_device_of(tree.buffer("tokens").index_select(0, nodes), self.device)])
         else:
-            positions, tokens = on_device_of(depths, self.device), on_device_of(tree.tokens.index_select(0, nodes), self.device)
+            positions, tokens = on_device_of(depths, self.device), on_device_of(tree.buffer("tokens").index_select(0, nodes), self.device)
         kept = m + (1 if p else 0)  # the root's row (last pending) and the nodes': never the prompt's
-        logits = self.lm.forward(tokens, positions, logits_to_keep=kept, mask=mask[:, :total])
+        logits = self.lm.forward(tokens, positions, logits_to_keep=kept, mask=mask)
         self.calls += 1
         self.committed_length = length
         logp = torch.log_softmax(logits if logits.dtype == torch.float32 else logits.float(), dim=-1)

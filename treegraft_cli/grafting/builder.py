@@ -31,6 +31,8 @@ import torch
 from ..config import TreeConfig
 from ..drafters import StrongDrafter
 from ..drafters.ngram import Continuation, NgramIndex, TargetLogProbCache
+from ..hostlists import flags as host_flags
+from ..hostlists import floats, longs
 from ..lm import on_device_of
 from ..scheduling.policies import CallPolicy, CostModel, SchedulerState, WeakPreview, features
 from ..syncs import fetch, host_only
@@ -120,6 +122,9 @@ class LayerLoop:
         self.target_logp = target_logp
         self.strong = strong
         self.roots = RootTrees()
+        # what a layer that finds no chains hands on, the same (never written) empty tensors every time:
+        # node indices [0], chain tokens [0, 1], their log-probs [0, 1]
+        self.nothing = (torch.empty(0, dtype=torch.long), torch.empty(0, 1, dtype=torch.long), torch.empty(0, 1))
 
     @property
     def pool(self) -> int:
@@ -185,7 +190,7 @@ class LayerLoop:
         return SchedulerState(
             tree=g.tree,
             frontier=g.frontier,
-            candidates=torch.tensor(flags, dtype=torch.bool),  # ``graft_window`` of the host tree
+            candidates=host_flags(flags),  # ``graft_window`` of the host tree
             layer=layer,
             num_layers=self.shape.depth,
             called=tuple(g.called),
@@ -209,7 +214,7 @@ class LayerLoop:
     def weak_layer(self, g: Growth, layer: int, proposal: WeakProposal | None = None) -> None:
         """Skip: hang the weak drafter's chains (``proposal``, looked up here when not previewed)."""
         proposal = proposal if proposal is not None else self.propose_weak(g, layer)
-        g.frontier = g.frontier[:0]
+        g.frontier = self.nothing[0]
         if not proposal.expanding:
             return
         g.weak_done.update(proposal.expanding)
@@ -221,7 +226,7 @@ class LayerLoop:
         g.sync()
         full = set(proposal.full)
         allowed = sorted({head for head, parent in zip(heads, proposal.chain_parents, strict=True) if parent in full})
-        g.frontier = torch.tensor(best_nodes(tree.host_list("scores"), allowed, self.shape.top_k), dtype=torch.long)
+        g.frontier = longs(best_nodes(tree.host_list("scores"), allowed, self.shape.top_k))
 
     def propose_weak(self, g: Growth, layer: int) -> WeakProposal:
         """The chains a skip at ``layer`` would add, looked up but not added (a policy may preview them)."""
@@ -244,7 +249,7 @@ class LayerLoop:
                 full.append(parent)
         chain_tokens, logp = self.chain_logp(chains)
         chain_parents = [p for p, _ in chains]
-        preview = WeakPreview(on_device_of(torch.tensor(chain_parents, dtype=torch.long), tree.device), logp,
+        preview = WeakPreview(on_device_of(longs(chain_parents) if chains else self.nothing[0], tree.device), logp,
                               on_device_of(chain_tokens, tree.device))
         return WeakProposal(preview, full, tuple(parents), tuple(chain_parents))
 
@@ -256,14 +261,15 @@ class LayerLoop:
         score is its parent's plus the running sum, so a long match the target found surprising ranks low.
         """
         if not chains:
-            return torch.empty(0, 1, dtype=torch.long), torch.empty(0, 1)
+            return self.nothing[1], self.nothing[2]
         width = max(len(c.tokens) for _, c in chains)
         positions = [c.position + j for _, c in chains for j in range(len(c.tokens))]
         scored = iter(self.target_logp.score_on_host(positions, [t for _, c in chains for t in c.tokens]))
         pad = [float("-inf")] * width
         logp = [[next(scored) for _ in c.tokens] + pad[len(c.tokens) :] for _, c in chains]
         padded = [list(c.tokens) + [0] * (width - len(c.tokens)) for _, c in chains]
-        return torch.tensor(padded), torch.tensor(logp)
+        return longs(itertools.chain.from_iterable(padded)).view(len(chains), width), floats(
+            itertools.chain.from_iterable(logp)).view(len(chains), width)
 
     def add_chains(self, tree: DraftTree, proposal: WeakProposal) -> list[int]:  # -> [c] chain head nodes
         """Hang every chain under its parent (merging into existing nodes); return the heads."""
@@ -284,7 +290,7 @@ class LayerLoop:
             in_window = self.window_nodes(g, layer) if window is None else window
             parents, tokens, scores = tree.listed("parents"), tree.listed("tokens"), tree.host_list("scores")
             nodes = needed_nodes(parents, scores, g.rows.tolist(), in_window, self.pool)
-        self.strong.forward(committed, tree, torch.tensor(nodes, dtype=torch.long), g.rows, tree.ancestor_mask())
+        self.strong.forward(committed, tree, longs(nodes), g.rows, tree.ancestor_mask())
         with host_only():
             rows = g.rows.tolist()
             candidates = [i for i in in_window if rows[i] >= 0]
@@ -301,9 +307,9 @@ class LayerLoop:
             children, scores = tree.add_rescored_children(child_parents, child_tokens, child_scores, ORIGIN_MODEL, scores)
             g.sync()
             if positions:
-                g.expanded[torch.tensor(positions)] = True
+                g.expanded[longs(positions)] = True
                 g.expanded_nodes.update(positions)
-            g.frontier = torch.tensor(best_nodes(scores, sorted(set(children)), k), dtype=torch.long)
+            g.frontier = longs(best_nodes(scores, sorted(set(children)), k))
 
 
 @dataclass(frozen=True)
@@ -330,9 +336,12 @@ def strong_lookup(
     (``rescored``, ``reselect``) on what this returns, so the device pass needs no loop over depths.
     """
     device, m = logp.device, len(parents) - 1
-    index = on_device_of(torch.tensor([rows[p] for p in parents[1:]] + [rows[c] for c in candidates]), device)
-    local = logp[index[:m], on_device_of(torch.tensor(tokens[1:], dtype=torch.long), device)]
-    top_logp, top_tokens = torch.topk(logp[index[m:]], k, dim=-1)
+    vocab = logp.shape[1]
+    # each node's (row, token) entry as a flat index, then the candidates' rows: one host tensor, one copy
+    index = on_device_of(longs([rows[p] * vocab + t for p, t in zip(parents[1:], tokens[1:], strict=True)]
+                               + [rows[c] for c in candidates]), device)
+    local = logp.view(-1).index_select(0, index[:m])
+    top_logp, top_tokens = torch.topk(logp.index_select(0, index[m:]), k, dim=-1)
     local, top_logp, top_tokens = fetch(local, top_logp, top_tokens)
     with host_only():
         return StrongLookup(local.tolist(), top_logp.tolist(), top_tokens.tolist())

@@ -197,29 +197,54 @@ class GraftMethod(DenseMethod):
             if layer > 0:
                 logits = self.drafter.forward_nodes(tree, frontier, ancestors_forwarded=True)
             frontier = self.expand(tree, frontier, logits, k)
-            self.fired = self.stage_fired(tree, layer)
-            if self.fired is not None:
-                stage = self.stages[self.fired]
-                kept = tree.top_by_score(stage.draft_nodes)
-                return self.table.graft(kept, stage.template, budget - kept.size)
+            grafted = self.checkpoint(tree, layer)
+            if grafted is not None:
+                return grafted
         return tree.top_by_score(budget)
 
-    def stage_fired(self, tree: DraftTree, layer: int) -> int | None:
-        """Index of the first checkpoint on ``layer`` whose confidence is below its threshold, else None.
+    def checkpoint(self, tree: DraftTree, layer: int) -> DraftTree | None:
+        """The grafted tree when a checkpoint on ``layer`` fires (``self.fired`` set), else None.
 
-        Checkpoints whose firing would give the very tree that not firing gives (``changes_nothing``) decide
-        nothing, so they are not read now: their confidence is read with the verdict (``readback``), for the
-        stage counts alone.
+        One read decides it: the layer's confidence, packed with how many nodes the graft of the first stage
+        that can fire would add. That graft is worked out before the read (``AdjacencyTable.prepare`` touches
+        no tree), so a firing checkpoint costs no second read; when no stage fires it is dropped.
         """
         stages = [i for i, stage in enumerate(self.stages) if stage.layer == layer]
         if not stages:
             return None
-        best = torch.where(tree.depths == layer + 1, tree.scores, float("-inf")).max()  # log c_d, on the device
+        best = self.confidence(tree, layer)
         if all(self.changes_nothing(self.stages[i], tree) for i in stages):
             self.deferred = (stages, best)
             return None
-        best = read(best)
-        return self.first_below(stages, best)
+        guess = next((i for i in stages if self.stages[i].log_threshold > -math.inf), stages[0])
+        kept = tree.top_by_score(self.stages[guess].draft_nodes)
+        pending = self.table.prepare(kept, self.stages[guess].template, self.config.tree.budget - kept.size, layer + 1)
+        if pending is None:
+            log_confidence = read(best)
+        else:
+            log_confidence, count = read(torch.stack([best, pending.count.to(best.dtype)]))
+        self.fired = self.first_below(stages, log_confidence)
+        if self.fired is None:
+            return None
+        if self.fired == guess and pending is not None:
+            return self.table.finish(pending, int(count))
+        return self.graft(tree, self.stages[self.fired])
+
+    def graft(self, tree: DraftTree, stage: Stage) -> DraftTree:
+        """The stage's ``K_draft`` best nodes of ``tree`` (drafted up to the stage's layer), the freed slots grafted
+        from the table."""
+        kept = tree.top_by_score(stage.draft_nodes)
+        return self.table.graft(kept, stage.template, self.config.tree.budget - kept.size, stage.layer + 1)
+
+    @staticmethod
+    def confidence(tree: DraftTree, layer: int) -> torch.Tensor:  # -> [] float32, on the device
+        """log c_d: the best cumulative score among the nodes ``layer`` drafted (tree depth ``layer + 1``)."""
+        return torch.where(tree.depths == layer + 1, tree.scores, float("-inf")).max()
+
+    def stage_fired(self, tree: DraftTree, layer: int) -> int | None:
+        """Index of the first checkpoint on ``layer`` whose confidence is below its threshold, else None (one read)."""
+        stages = [i for i, stage in enumerate(self.stages) if stage.layer == layer]
+        return self.first_below(stages, read(self.confidence(tree, layer))) if stages else None
 
     def changes_nothing(self, stage: Stage, tree: DraftTree) -> bool:
         """Firing ``stage`` now gives the tree that not firing gives: it never fires (τ_d = 0), or it is on the

@@ -17,11 +17,15 @@ def log_probs(logits: torch.Tensor) -> torch.Tensor:  # [m, vocab] -> [m, vocab]
     return torch.log_softmax(logits if logits.dtype == torch.float32 else logits.float(), dim=-1)
 
 
-def forwarded_prefix(tree: DraftTree, verdict: Verdict) -> torch.Tensor:  # -> [] int64
-    """How many accepted nodes, from the root's child down, the model drafter forwarded (its cache holds their rows)."""
-    path = verdict.path[0, 1:]  # [n - 1], -1 past the accepted nodes
-    forwarded = (path >= 0) & (tree.kv_slot[path.clamp(min=0)] >= 0)
-    return torch.cumprod(forwarded, 0).sum()
+def forwarded_prefix(slots: list[int], accepted: list[int]) -> int:  # slots: [num_nodes], accepted: root excluded
+    """How many accepted nodes, from the root's child down, the model drafter forwarded (its cache holds their rows):
+    the leading ones with a cache row (``kv_slot`` read with the verdict)."""
+    count = 0
+    for node in accepted:
+        if slots[node] < 0:
+            break
+        count += 1
+    return count
 
 
 class ModelDraftingMethod(Method):
@@ -33,15 +37,20 @@ class ModelDraftingMethod(Method):
         super().__init__(models, config)
         self.drafter = make_model_drafter(models.drafter, models.target)
         self.roots = RootTrees()
+        self._spreads: dict[tuple[int, int], torch.Tensor] = {}  # ``DenseMethod.spread`` by (parents, k)
 
     def start(self, prefill) -> None:
         self.drafter.reset()
 
     def readback(self, tree: DraftTree, verdict: Verdict, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (forwarded_prefix(tree, verdict),)
+        # every node's cache row as it is: the host finds the forwarded prefix of the accepted path in Python,
+        # cheaper than the handful of tensor ops that would count it on the device
+        return (tree.kv_slot,)
 
     def observe(self, observation: Observation) -> None:
-        forwarded = host_value(observation.host[0]) if observation.host else None
+        forwarded = None
+        if observation.host:
+            forwarded = forwarded_prefix(host_value(observation.host[0]), observation.accepted_nodes)
         self.drafter.commit(observation.tree, observation.path, forwarded)
 
     def drafter_calls(self) -> dict[str, int]:
@@ -103,7 +112,16 @@ class DenseMethod(ModelDraftingMethod):
         The parents are the last frontier, childless, and a top-k never repeats a token: every child is new.
         """
         top_logp, top_tokens = torch.topk(log_probs(logits), k, dim=-1)  # [p, k]
-        scores = (tree.scores.index_select(0, parents)[:, None] + top_logp).flatten()  # [p * k] parent by parent
-        nodes = tree.append_children(parents.repeat_interleave(k), top_tokens.flatten(), scores, ORIGIN_MODEL)
-        best = torch.topk(scores, min(k, nodes.shape[0])).indices
-        return nodes.index_select(0, best)
+        parent_of = parents.index_select(0, self.spread(parents.shape[0], k))  # [p * k] parent by parent
+        scores = tree.buffer("scores").index_select(0, parent_of) + top_logp.view(-1)  # [p * k]
+        first = tree.append(parent_of, top_tokens.flatten(), scores, ORIGIN_MODEL)
+        return torch.topk(scores, min(k, scores.shape[0])).indices + first  # the new nodes are first, first + 1, ...
+
+    def spread(self, p: int, k: int) -> torch.Tensor:  # -> [p * k]
+        """``[0] * k + [1] * k + ...``: each of ``p`` parents once per child (kept per shape: a gather is cheaper
+        than a ``repeat_interleave`` per layer)."""
+        key = (p, k)
+        index = self._spreads.get(key)
+        if index is None:
+            index = self._spreads[key] = torch.arange(p, device=self.drafter.device).repeat_interleave(k)
+        return index

@@ -18,6 +18,8 @@ from ..drafters import StrongDrafter, make_strong_drafter
 from ..drafters.ngram import NgramIndex, TargetLogProbCache
 from ..grafting.builder import LayerLoop, LayerRecord
 from ..grafting.config import TreeGraftConfig
+from ..hostlists import longs
+from ..lm import on_device_of
 from ..scheduling.costs import measure_costs
 from ..scheduling.history import StepHistory
 from ..scheduling.policies import CallPolicy, CostModel
@@ -161,7 +163,7 @@ class TreeGraftMethod(Method):
     def observe(self, observation: Observation) -> None:
         a = observation.num_accepted
         tree = self.host_tree
-        path = torch.tensor(observation.accepted_nodes, dtype=torch.long)  # host, root excluded
+        path = longs(observation.accepted_nodes)  # host, root excluded
         if self.strong is not None:
             self.strong.commit(tree, path)
         with host_only():
@@ -174,8 +176,8 @@ class TreeGraftMethod(Method):
             root_position = observation.committed.shape[0] - a - 2
             self.target_logp.append_top(root_position, values, tokens)
             # the target's token after each verified node: the next accepted node's, then the bonus
-            verified = torch.tensor([0, *observation.accepted_nodes], dtype=torch.long)
-            self.policy.observe(tree, verified, torch.tensor(observation.new_tokens, dtype=torch.long))
+            verified = longs([0, *observation.accepted_nodes])
+            self.policy.observe(tree, verified, longs(observation.new_tokens))
             if self.history is not None:
                 calls = sum(record.called for record in self.last_records)
                 self.history.observe(tree, verified, calls, self.costs, self.config.tree.budget)
@@ -247,7 +249,7 @@ class NgramMethod(Method):
         tree = self.roots.tree(committed[-1:], self.models.target.device, capacity=len(chain) + 1)
         if chain:  # one chain: node i's parent is node i - 1, all new
             m = len(chain)
-            tree._write(1, torch.arange(m, device=tree.device), torch.tensor(chain, device=tree.device),
+            tree._write(1, torch.arange(m, device=tree.device), on_device_of(longs(chain), tree.device),
                         torch.zeros(m, device=tree.device), ORIGIN_NGRAM, generations=m)
         return tree
 
