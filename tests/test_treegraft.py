@@ -282,7 +282,7 @@ def test_calibration_maps_scores_to_measured_acceptance():
     for _ in range(98):  # the strong child at 0.55 is always accepted, the n-gram child at 0.95 never
         calibration.observe(tree, torch.tensor([0, 1, 3]))
     # nodes 1 and 3 share the strong bin 0.5-0.6 (both accepted, twice a step); node 2 the n-gram bin 0.9-1.0
-    assert calibration.seen[ORIGIN_MODEL, 5] == 2 + 2 * 98 and calibration.seen[ORIGIN_NGRAM, 9] == 2 + 98
+    assert calibration.seen[ORIGIN_MODEL][5] == 2 + 2 * 98 and calibration.seen[ORIGIN_NGRAM][9] == 2 + 98
     strong_rate, ngram_rate = (2 * 0.55 + 2 * 98) / 198, (2 * 0.95) / 100
     reach = calibration.reach(tree)
     assert reach.tolist() == pytest.approx([1.0, strong_rate, ngram_rate, strong_rate**2])
@@ -511,8 +511,8 @@ def test_chain_tokens_are_scored_where_the_ngram_matched(tiny_self_pair):
     wanted = [logp[2 + j, t] if t in top.indices[2 + j] else top.values[2 + j, -1] - 5.0 for j, t in enumerate((8, 9, 5, 6))]
     assert torch.allclose(proposal.preview.logp[0, :4], torch.stack(wanted), atol=1e-5)
     # with rates equal to the log-probs' own probabilities, reach is the chain's cumulative probability
-    reach = proposal.preview.reach(torch.ones(growth.tree.num_nodes), lambda origins, local: local)
-    assert torch.allclose(reach[:4], torch.stack(wanted).cumsum(0).exp(), atol=1e-5)
+    reach = proposal.preview.reach([1.0] * growth.tree.num_nodes, lambda origin, local: local)
+    assert torch.allclose(torch.tensor(reach[:4]), torch.stack(wanted).cumsum(0).exp(), atol=1e-5)
     method.loop.weak_layer(growth, 1, proposal)
     assert torch.allclose(growth.tree.scores[1:5], torch.stack(wanted).cumsum(0), atol=1e-5)
 

@@ -11,58 +11,87 @@ bin's own centre makes an unseen bin read as the score says.
 
 A node's *reach* is the product of the measured rates along its root path: the calibrated probability
 that verification accepts it. The expected accepted length of a tree is 1 + Σ reach.
+
+The step rule reads these at every step, on trees of a few dozen nodes: the counts are Python lists and
+every per-node pass is a loop over host lists (parents come before their children), which costs less than
+the dozen small tensor ops per pass it replaces. The tensor methods (``rate``, ``reach``) wrap the same passes.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from ..grafting.tree_ops import monotone_scores
-from ..tree import ORIGIN_NAMES, DraftTree
+from ..hostlists import floats
+from ..syncs import fetch, host_only
+from ..tree import ORIGIN_NAMES, DraftTree, float32
 
 
-def _host(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor.cpu()`` without the (counted) call for a tensor already on the host: the layer loop's trees are."""
-    return tensor if tensor.device.type == "cpu" else tensor.cpu()
+def tree_lists(tree: DraftTree) -> tuple[list[int], list[float], list[int]]:
+    """A tree's parents, scores and origins as host lists (one counted read for a device tree)."""
+    if tree.host:
+        return tree.listed("parents"), tree.host_list("scores"), tree.host_list("origins")
+    parents, scores, origins = fetch(tree.parents, tree.scores, tree.origins)
+    with host_only():
+        return parents.tolist(), scores.tolist(), origins.tolist()
 
 
 class AcceptanceCalibration:
     def __init__(self, bins: int = 10, prior_weight: float = 2.0):
         self.bins = bins
-        centres = (torch.arange(bins, dtype=torch.float64) + 0.5) / bins
-        self.seen = torch.full((len(ORIGIN_NAMES), bins), prior_weight, dtype=torch.float64)  # [origins, bins]
-        self.accepted = centres[None, :].repeat(len(ORIGIN_NAMES), 1) * prior_weight  # [origins, bins]
+        centres = [(b + 0.5) / bins for b in range(bins)]
+        self.seen = [[prior_weight] * bins for _ in ORIGIN_NAMES]  # [origins][bins]
+        self.accepted = [[c * prior_weight for c in centres] for _ in ORIGIN_NAMES]  # [origins][bins]
 
     def observe(self, tree: DraftTree, accepted: torch.Tensor) -> None:  # accepted: [a] root and accepted nodes
         """Count every verified node whose parent was accepted, and whether it was accepted itself."""
-        mask = torch.zeros(tree.num_nodes, dtype=torch.bool)
-        mask[_host(accepted)] = True
-        parents, origins = _host(tree.parents), _host(tree.origins).long()
-        nodes = torch.nonzero(mask[parents.clamp(min=0)]).flatten()
-        nodes = nodes[nodes > 0]
-        local = self.local_probability(tree)[nodes]
-        cells = origins[nodes] * self.bins + self._bin(local)
-        self.seen.view(-1).index_add_(0, cells, torch.ones(nodes.numel(), dtype=torch.float64))
-        self.accepted.view(-1).index_add_(0, cells, mask[nodes].double())
+        parents, scores, origins = tree_lists(tree)
+        with host_only():
+            taken = set(accepted.tolist())
+        local = local_probabilities(parents, scores)
+        for node in range(1, len(parents)):
+            if parents[node] in taken:
+                origin, cell = origins[node], self._bin(local[node])
+                self.seen[origin][cell] += 1.0
+                self.accepted[origin][cell] += node in taken
+
+    def node_rate(self, origin: int, local: float) -> float:
+        """Measured P(accepted | parent accepted) of a node of ``origin`` with local probability ``local`` (float32)."""
+        cell = self._bin(local)
+        return float32(self.accepted[origin][cell] / self.seen[origin][cell])
 
     def rate(self, origins: torch.Tensor, local: torch.Tensor) -> torch.Tensor:  # [m], [m] -> [m] float32
-        """Measured P(accepted | parent accepted) for nodes of ``origins`` with local probability ``local``."""
-        bins = self._bin(local)
-        origins = _host(origins).long()
-        return (self.accepted[origins, bins] / self.seen[origins, bins]).float()
+        """``node_rate`` of every node of ``origins`` with local probability ``local``."""
+        with host_only():
+            pairs = zip(origins.cpu().tolist(), local.cpu().tolist(), strict=True)
+        return floats(self.node_rate(origin, p) for origin, p in pairs)
+
+    def reach_list(self, tree: DraftTree) -> list[float]:  # [num_nodes], 1 at the root
+        """Calibrated probability that verification accepts each node (the product of rates to the root)."""
+        parents, scores, origins = tree_lists(tree)
+        local = local_probabilities(parents, scores)
+        reach = [1.0] * len(parents)
+        for node in range(1, len(parents)):  # parents first: the product runs down every path at once
+            reach[node] = reach[parents[node]] * self.node_rate(origins[node], local[node])
+        return [float32(r) for r in reach]
 
     def reach(self, tree: DraftTree) -> torch.Tensor:  # -> [num_nodes] float32, 1 at the root
-        """Calibrated probability that verification accepts each node (the product of rates to the root)."""
-        log_rates = self.rate(tree.origins, self.local_probability(tree)).double().log()
-        log_rates[0] = 0.0  # the root is committed
-        # row i of the ancestor mask marks i and its ancestors: one product sums the logs along every root path
-        return torch.exp(_host(tree.ancestor_mask()).double() @ log_rates).float()
+        return floats(self.reach_list(tree))
 
-    def local_probability(self, tree: DraftTree) -> torch.Tensor:  # -> [num_nodes] float32, 1 at the root
-        scores = _host(monotone_scores(tree))
-        local = torch.ones(tree.num_nodes)
-        local[1:] = torch.exp(scores[1:] - scores[_host(tree.parents[1:])]).clamp(max=1.0)
-        return local
+    def _bin(self, local: float) -> int:
+        if local != local:  # NaN (a -inf score under a -inf parent): the lowest bin
+            return 0
+        return min(max(int(local * self.bins), 0), self.bins - 1)
 
-    def _bin(self, local: torch.Tensor) -> torch.Tensor:  # [m] -> [m] long
-        return (_host(local) * self.bins).long().clamp(0, self.bins - 1)
+
+def local_probabilities(parents: list[int], scores: list[float]) -> list[float]:  # [num_nodes], 1 at the root
+    """Each node's exp(capped score − parent's capped score) in float32, capped scores being each score capped
+    by its ancestors' (unscored chain tokens and merges can break the order): a running minimum down each path."""
+    capped = list(scores)
+    local = [1.0] * len(scores)
+    for node in range(1, len(scores)):
+        capped[node] = min(capped[parents[node]], scores[node])
+        gap = float32(capped[node] - capped[parents[node]])
+        local[node] = min(float32(math.exp(gap)), 1.0) if gap == gap else gap
+    return local

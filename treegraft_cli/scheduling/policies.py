@@ -20,7 +20,9 @@ import torch
 
 from ..errors import ConfigError
 from ..grafting.tree_ops import top_nodes
-from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree
+from ..hostlists import floats
+from ..syncs import host_value
+from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree, float32
 from .calibration import AcceptanceCalibration
 
 FEATURE_NAMES = (
@@ -122,16 +124,19 @@ class WeakPreview:
 
     def reach(
         self,
-        parent_reach: torch.Tensor,  # [num_nodes] calibrated reach of the tree's nodes
-        rate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],  # (origins [m], local probs [m]) -> [m]
-    ) -> torch.Tensor:  # -> [chain tokens]
-        """Calibrated reach of every chain token: the parent's times the measured n-gram rates along the chain."""
-        valid = torch.isfinite(self.logp)
-        origins = torch.full((int(valid.sum()),), ORIGIN_NGRAM, dtype=torch.long)
-        rates = torch.ones(self.logp.shape)
-        rates[valid] = rate(origins, self.logp[valid].exp())
-        cumulative = parent_reach[self.parents.cpu()][:, None] * rates.cumprod(dim=1)
-        return cumulative[valid]
+        parent_reach: list[float],  # [num_nodes] calibrated reach of the tree's nodes
+        node_rate: Callable[[int, float], float],  # (origin, local probability) -> measured rate
+    ) -> list[float]:  # -> [chain tokens]
+        """Calibrated reach of every chain token (-inf pads skipped): the parent's times the measured n-gram rates
+        along the chain, in float32. The preview is on the host (the layer loop's trees are)."""
+        reach = []
+        for parent, row in zip(host_value(self.parents), host_value(self.logp), strict=True):
+            product = parent_reach[parent]
+            for logp in row:
+                if math.isfinite(logp):
+                    product *= node_rate(ORIGIN_NGRAM, float32(math.exp(logp)))
+                    reach.append(float32(product))
+        return reach
 
 
 @dataclass(frozen=True)
@@ -339,17 +344,18 @@ class CostAwareRule(CallPolicy):
         """(E_skip, E_call): expected accepted tokens of the cut tree after a skip, and after a call that
         grafts under ``positions`` ([p] node indices, the reselection)."""
         tree, h = state.tree, self.hit_rate
-        reach = self.calibration.reach(tree)
+        reach_list = self.calibration.reach_list(tree)
+        reach = floats(reach_list)
         parents = tree.parents[1:].cpu()
         shares = reach[1:] / reach[parents].clamp(min=1e-12)
         covered = torch.zeros(tree.num_nodes).index_add_(0, parents, shares).clamp(max=1.0)
         virtual = reach[positions] * h * (1.0 - covered[positions])
-        weak = state.weak.reach(reach, self.calibration.rate) if state.weak is not None else reach[:0]
+        weak = floats(state.weak.reach(reach_list, self.calibration.node_rate) if state.weak is not None else [])
         skip = expected_accepted(torch.cat([reach[1:], weak]), state.budget)
         return skip, expected_accepted(torch.cat([reach[1:], virtual]), state.budget)
 
 
-def expected_accepted(reach: torch.Tensor, budget: int) -> float:  # reach: [n] non-root
+def expected_accepted(reach: torch.Tensor | list[float], budget: int) -> float:  # reach: [n] non-root
     """Expected accepted length of a tree cut to its ``budget`` best nodes: 1 + their summed reach."""
-    best = torch.topk(reach, min(budget, reach.numel())).values if reach.numel() else reach
-    return 1.0 + float(best.sum())
+    values = host_value(reach) if isinstance(reach, torch.Tensor) else reach
+    return 1.0 + sum(sorted(values, reverse=True)[:budget])

@@ -60,6 +60,8 @@ Tests pass a fake ``clock``.
 
 from __future__ import annotations
 
+import itertools
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -67,6 +69,8 @@ from typing import Any
 
 import torch
 
+from ..hostlists import longs
+from ..syncs import host_value
 from ..tree import DraftTree
 from .calibration import AcceptanceCalibration
 from .policies import (
@@ -113,14 +117,17 @@ class WeakOutcomes:
 
 def chain_match(preview: WeakPreview, committed: torch.Tensor) -> int:
     """Accepted length the previewed root chains would have reached: 1 + their longest common prefix
-    with ``committed`` ([τ] the tokens the step committed; a lower bound when a chain matches them all)."""
-    if preview.tokens is None or preview.parents.numel() == 0:
+    with ``committed`` ([τ] the tokens the step committed; a lower bound when a chain matches them all).
+    The preview and ``committed`` are on the host."""
+    if preview.tokens is None:
         return 1
-    chains = preview.tokens[preview.parents == 0].cpu()  # [c, width]
-    logp = preview.logp[preview.parents.cpu() == 0]
-    width = min(chains.shape[1], committed.numel())
-    same = (chains[:, :width] == committed[None, :width].cpu()) & torch.isfinite(logp[:, :width])
-    return 1 + int(same.int().cumprod(dim=1).sum(dim=1).max()) if chains.numel() else 1
+    committed = host_value(committed)
+    longest = 0
+    for parent, tokens, logps in zip(*(host_value(t) for t in (preview.parents, preview.tokens, preview.logp)), strict=True):
+        if parent == 0:
+            matched = itertools.takewhile(lambda t: t[0] == t[1] and math.isfinite(t[2]), zip(tokens, committed, logps))
+            longest = max(longest, sum(1 for _ in matched))
+    return 1 + longest
 
 
 @dataclass
@@ -266,12 +273,11 @@ class StepRule(CallPolicy):
         over the tokens a weak step would verify (those above ``node_floor``)."""
         if state.weak is None:
             return 1.0, 0
-        reach = self.calibration.reach(state.tree)
-        weak = state.weak.reach(reach, self.calibration.rate)
         floor = self.node_floor(state.costs, state.budget)
-        candidates = torch.cat([reach[1:], weak])
-        verified = min(int((weak >= floor).sum()), state.budget)
-        return expected_accepted(candidates[candidates >= floor], state.budget), verified
+        reach = self.calibration.reach_list(state.tree)
+        weak = [r for r in state.weak.reach(reach, self.calibration.node_rate) if r >= floor]
+        in_tree = [r for r in reach[1:] if r >= floor]
+        return expected_accepted(in_tree + weak, state.budget), min(len(weak), state.budget)
 
     def node_floor(self, costs: CostModel, budget: int) -> float:
         """The reach below which a node costs more verification time than its tokens are worth at rate R
@@ -284,10 +290,9 @@ class StepRule(CallPolicy):
         floor = self.node_floor(costs, budget)
         if floor <= 0 or tree.size == 0:
             return tree
-        # reach never grows down a path, so this is prefix-closed up to rounding; the closure makes it exact
-        keep = tree.close_over_ancestors(self.calibration.reach(tree) >= floor)  # [num_nodes]
-        count = int(keep.sum())
-        return tree if count == tree.num_nodes else tree.keep(keep, count)
+        # reach never grows down a path (every rate is at most 1), so the kept nodes are prefix-closed
+        kept = [node for node, reach in enumerate(self.calibration.reach_list(tree)) if node == 0 or reach >= floor]
+        return tree if len(kept) == tree.num_nodes else tree.select(longs(kept))
 
     def strong_tau(self, kind: StepKind) -> float:
         """τ of a strong kind: measured, or the prior before its first step."""
