@@ -63,6 +63,10 @@ def test_bench_writes_documented_schema(bench_run):
     assert sum(by_origin["model"]["accepted"]) == round((dense["tau"] - 1) * dense["steps"])
     assert sum(by_origin["model"]["verified"]) == dense["steps"] * dense["config"]["tree"]["budget"]
     assert results["methods"]["ar"]["acceptance_by_origin"] == {} == results["methods"]["hf-lookup"]["acceptance_by_origin"]
+    # per benchmark, drafter calls per step weight back to the whole run's
+    per_benchmark = dense["per_benchmark"].values()
+    calls = sum(b["drafter_calls_per_step"]["model"] * b["steps"] for b in per_benchmark) / dense["steps"]
+    assert calls == pytest.approx(dense["drafter_calls_per_step"]["model"]) and calls > 0
     assert (out / "speedup.png").stat().st_size > 0 and (out / "tau.png").stat().st_size > 0
 
 

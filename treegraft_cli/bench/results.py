@@ -43,7 +43,7 @@
         peak_memory_mb  CUDA peak allocated (reset per question run, max kept); CPU: process peak RSS so far
         per_benchmark: {BENCHMARK: {speedup, speedup_ci, speedup_same_text, same_text_turns, turns, tau,
                                     tokens_per_s, new_tokens, wall_s, steps, lossless, ties, mismatches,
-                                    acceptance_by_depth, acceptance_by_origin}}
+                                    acceptance_by_depth, acceptance_by_origin, drafter_calls_per_step}}
     }}
 """
 
@@ -127,7 +127,17 @@ def _aggregate(turns: list[TurnRecord], depth: int, greedy: bool) -> dict[str, A
         "after_divergence": statuses.count(AFTER_DIVERGENCE),
         "acceptance_by_depth": acceptance_by_depth(steps, depth),
         "acceptance_by_origin": acceptance_by_origin(steps),
+        "drafter_calls_per_step": drafter_calls_per_step(steps),
     }
+
+
+def drafter_calls_per_step(steps: Sequence[StepStats]) -> dict[str, float]:
+    """{drafter: calls / steps} ({} without steps)."""
+    calls: dict[str, int] = defaultdict(int)
+    for step in steps:
+        for drafter, n in step.drafter_calls.items():
+            calls[drafter] += n
+    return {k: v / len(steps) for k, v in sorted(calls.items())} if steps else {}
 
 
 def per_question(pairs: Pairs, same_text: bool = False) -> PerQuestion:
@@ -173,11 +183,6 @@ def method_result(record: ContenderRecord, baseline: ContenderRecord) -> dict[st
     result.update(_aggregate(turns, depth, greedy))
     result.update(speedups(pairs))
     steps = _steps(turns)
-    calls: dict[str, int] = defaultdict(int)
-    for step in steps:
-        for drafter, n in step.drafter_calls.items():
-            calls[drafter] += n
-    result["drafter_calls_per_step"] = {k: v / len(steps) for k, v in sorted(calls.items())} if steps else {}
     result["syncs_per_step"] = sum(step.syncs for step in steps) / len(steps) if steps else 0.0
     split = defaultdict(float)
     for turn in turns:
