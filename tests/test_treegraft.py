@@ -280,12 +280,28 @@ def test_calibration_maps_scores_to_measured_acceptance():
     calibration = AcceptanceCalibration(bins=10, prior_weight=2.0)
     assert torch.allclose(calibration.reach(tree), torch.tensor([1.0, 0.55, 0.95, 0.55 * 0.55]), atol=1e-6)  # prior
     for _ in range(98):  # the strong child at 0.55 is always accepted, the n-gram child at 0.95 never
-        calibration.observe(tree, torch.tensor([0, 1, 3]))
+        calibration.observe(tree, torch.tensor([1, 3, 5]))  # the step committed 1 3 and the bonus 5
     # nodes 1 and 3 share the strong bin 0.5-0.6 (both accepted, twice a step); node 2 the n-gram bin 0.9-1.0
     assert calibration.seen[ORIGIN_MODEL][5] == 2 + 2 * 98 and calibration.seen[ORIGIN_NGRAM][9] == 2 + 98
     strong_rate, ngram_rate = (2 * 0.55 + 2 * 98) / 198, (2 * 0.95) / 100
     reach = calibration.reach(tree)
     assert reach.tolist() == pytest.approx([1.0, strong_rate, ngram_rate, strong_rate**2])
+
+
+def test_calibration_counts_what_the_committed_path_decides():
+    """Nodes under the committed path count up to its length, verified or not; deeper ones and those under a
+    missed node do not."""
+    tree = DraftTree.from_root(0)  # root → a (1, p 0.55), b (2, p 0.35); a → c (3, p 0.25); c → d (4, p 0.15)
+    tree.add_children(torch.tensor([0, 0]), torch.tensor([1, 2]), torch.log(torch.tensor([0.55, 0.35])), ORIGIN_MODEL)
+    tree.add_children(torch.tensor([1]), torch.tensor([3]), torch.log(torch.tensor([0.55 * 0.25])), ORIGIN_MODEL)
+    tree.add_children(torch.tensor([3]), torch.tensor([4]), torch.log(torch.tensor([0.55 * 0.25 * 0.15])), ORIGIN_MODEL)
+    calibration = AcceptanceCalibration(bins=10, prior_weight=0.0)
+    calibration.observe(tree, torch.tensor([1, 3]))  # a, then c's token: d lies past what the step committed
+    seen, accepted = calibration.seen[ORIGIN_MODEL], calibration.accepted[ORIGIN_MODEL]
+    assert (seen[5], accepted[5]) == (1, 1) and (seen[3], accepted[3]) == (1, 0)  # a accepted, b missed
+    assert (seen[2], accepted[2]) == (1, 1) and seen[1] == 0  # c accepted; d not counted
+    calibration.observe(tree, torch.tensor([2, 7, 7]))  # b: a and everything under it missed or unreached
+    assert (seen[5], seen[3], accepted[3], seen[2]) == (2, 2, 1, 1)
 
 
 def test_verify_cost_grows_with_the_tree_when_the_root_alone_was_timed():
@@ -585,6 +601,12 @@ def test_step_rule_verifies_only_nodes_whose_reach_pays_for_their_verification()
     trimmed = rule.trim(tree, costs, 16)
     assert trimmed.tokens.tolist() == [0, 1, 4, 2]  # c dropped; its ancestors and d stay
     assert trimmed.parents.tolist() == [-1, 0, 0, 1]
+    # the calibration learns from the tree before the trim: the target went on with c's token after a and b,
+    # so c counts as accepted though it was never verified (d, verified, as a miss; both in the lowest bin)
+    seen, accepted = rule.calibration.seen[ORIGIN_MODEL][0], rule.calibration.accepted[ORIGIN_MODEL][0]
+    rule.observe(trimmed, torch.tensor([0, 1, 3]), torch.tensor([1, 2, 3]))
+    assert rule.calibration.seen[ORIGIN_MODEL][0] == seen + 2
+    assert rule.calibration.accepted[ORIGIN_MODEL][0] == accepted + 1
     assert rule.trim(tree, flat, 16) is tree  # no per-node cost: nothing to save
     keep_all = StepRule(call_budget=5, hit_rate=0.8, short_layers=(), clock=clock, trim=False)
     run_step(keep_all, clock, strong_chain(4), 5, 600.0)

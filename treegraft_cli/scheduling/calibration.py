@@ -37,6 +37,15 @@ def tree_lists(tree: DraftTree) -> tuple[list[int], list[float], list[int]]:
         return parents.tolist(), scores.tolist(), origins.tolist()
 
 
+def tree_structure(tree: DraftTree) -> tuple[list[int], list[int]]:
+    """A tree's tokens and depths as host lists (one counted read for a device tree)."""
+    if tree.host:
+        return tree.listed("tokens"), tree.listed("depths")
+    tokens, depths = fetch(tree.tokens, tree.depths)
+    with host_only():
+        return tokens.tolist(), depths.tolist()
+
+
 class AcceptanceCalibration:
     def __init__(self, bins: int = 10, prior_weight: float = 2.0):
         self.bins = bins
@@ -44,17 +53,29 @@ class AcceptanceCalibration:
         self.seen = [[prior_weight] * bins for _ in ORIGIN_NAMES]  # [origins][bins]
         self.accepted = [[c * prior_weight for c in centres] for _ in ORIGIN_NAMES]  # [origins][bins]
 
-    def observe(self, tree: DraftTree, accepted: torch.Tensor) -> None:  # accepted: [a] root and accepted nodes
-        """Count every verified node whose parent was accepted, and whether it was accepted itself."""
+    def observe(self, tree: DraftTree, committed: torch.Tensor) -> None:  # committed: [τ] the step's new tokens
+        """Count every node of ``tree`` whose parent lies on the committed path, and whether it does itself.
+
+        ``tree`` is the step's tree before any trim, ``committed`` the tokens the step committed (the accepted
+        nodes' and the bonus): the node at depth d on the committed path holds ``committed[d − 1]``. A node whose
+        parent is on that path and whose depth is at most τ is accepted by greedy verification iff it holds the
+        committed token at its depth, whether or not it was verified: counting the nodes a trim left out too
+        keeps the rates of low bins measured (counting verified nodes only, a bin the trim always drops would
+        keep its prior for good).
+        """
         parents, scores, origins = tree_lists(tree)
+        tokens, depths = tree_structure(tree)
         with host_only():
-            taken = set(accepted.tolist())
+            path = committed.tolist()
         local = local_probabilities(parents, scores)
+        on_path = [True] + [False] * (len(parents) - 1)
         for node in range(1, len(parents)):
-            if parents[node] in taken:
-                origin, cell = origins[node], self._bin(local[node])
-                self.seen[origin][cell] += 1.0
-                self.accepted[origin][cell] += node in taken
+            parent, depth = parents[node], depths[node]
+            if on_path[parent] and depth <= len(path):
+                hit = on_path[node] = tokens[node] == path[depth - 1]
+                origin, column = origins[node], self._bin(local[node])
+                self.seen[origin][column] += 1.0
+                self.accepted[origin][column] += hit
 
     def node_rate(self, origin: int, local: float) -> float:
         """Measured P(accepted | parent accepted) of a node of ``origin`` with local probability ``local`` (float32)."""

@@ -319,7 +319,7 @@ class CostAwareRule(CallPolicy):
         return True
 
     def observe(self, tree: DraftTree, accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
-        self.calibration.observe(tree, accepted)
+        self.calibration.observe(tree, next_tokens)
         children = tree.parents[None, :] == accepted[:, None]  # [a, num_nodes]
         strong = (children & (tree.origins == ORIGIN_MODEL)[None, :]).any(dim=1)
         hits = (children & (tree.tokens[None, :] == next_tokens[:, None])).any(dim=1)[strong]

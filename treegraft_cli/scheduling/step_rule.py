@@ -208,6 +208,7 @@ class StepRule(CallPolicy):
         self.started = 0.0
         self.preview: WeakPreview | None = None
         self.estimate = 1.0
+        self.untrimmed: DraftTree | None = None  # this step's tree before the trim, when one was cut
 
     def previews(self, layer: int) -> bool:
         return layer == 1
@@ -287,11 +288,13 @@ class StepRule(CallPolicy):
         return self.rate * costs.node_ms(budget)
 
     def trim(self, tree: DraftTree, costs: CostModel, budget: int) -> DraftTree:
+        self.untrimmed = None
         floor = self.node_floor(costs, budget)
         if floor <= 0 or tree.size == 0:
             return tree
         # reach never grows down a path (every rate is at most 1), so the kept nodes are prefix-closed
         kept = [node for node, reach in enumerate(self.calibration.reach_list(tree)) if node == 0 or reach >= floor]
+        self.untrimmed = tree  # what ``observe`` calibrates on: the nodes trimmed away count too
         return tree if len(kept) == tree.num_nodes else tree.select(longs(kept))
 
     def strong_tau(self, kind: StepKind) -> float:
@@ -304,7 +307,8 @@ class StepRule(CallPolicy):
         return self.tokens / self.ms if self.ms > 0 else 0.0
 
     def observe(self, tree: DraftTree, accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
-        self.calibration.observe(tree, accepted)
+        untrimmed, self.untrimmed = self.untrimmed, None
+        self.calibration.observe(untrimmed if untrimmed is not None else tree, next_tokens)
         kind = self.choice
         if kind is None:
             return
