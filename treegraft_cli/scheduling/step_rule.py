@@ -36,7 +36,9 @@ The same value decides which nodes a step verifies. On a CPU the verification gr
 node costs ``CostModel.node_ms``: (verify_ms − verify_root_ms) / N), so a node is worth verifying only if the tokens it is
 expected to add, its calibrated reach, exceed what its verification time would have earned at rate R:
 ``trim`` drops every node with reach < R · ms_per_node (reach never grows down a path, so what remains is
-prefix-closed), and τ_weak and T_weak count only the previewed tokens above that floor. On a GPU, where a
+prefix-closed), and τ_weak and T_weak count only the previewed tokens above that floor. The calibration learns
+from the tree before the trim (a dropped node is judged against the tokens the step committed), so the rates
+of the bins the trim drops stay measured instead of keeping their prior. On a GPU, where a
 tree costs about what the root alone costs, the floor is ~0 and nothing is dropped. Before R is measured
 nothing is trimmed.
 
