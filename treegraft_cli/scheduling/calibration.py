@@ -5,8 +5,9 @@ follows its parent (for an n-gram node, the target's log-prob where the n-gram m
 chance that the target accepts the node once its parent is accepted, it is off in both directions: a
 well-aligned small drafter's top child is right more often than its probability says, and a match's past
 log-prob overstates how often the text repeats. ``AcceptanceCalibration`` counts, per origin and per bin
-of local probability, how many verified nodes whose parent was accepted were accepted themselves, and
-maps a local probability to that measured rate. A prior of ``prior_weight`` pseudo-observations at the
+of local probability, how many nodes whose parent was accepted were accepted themselves (judged against the
+committed tokens, so nodes a trim kept out of verification count too), and maps a local probability to that
+measured rate. A prior of ``prior_weight`` pseudo-observations at the
 bin's own centre makes an unseen bin read as the score says.
 
 A node's *reach* is the product of the measured rates along its root path: the calibrated probability
@@ -14,7 +15,7 @@ that verification accepts it. The expected accepted length of a tree is 1 + Σ r
 
 The step rule reads these at every step, on trees of a few dozen nodes: the counts are Python lists and
 every per-node pass is a loop over host lists (parents come before their children), which costs less than
-the dozen small tensor ops per pass it replaces. The tensor methods (``rate``, ``reach``) wrap the same passes.
+the dozen small tensor ops per pass it replaces. ``reach`` wraps ``reach_list`` in a tensor.
 """
 
 from __future__ import annotations
@@ -81,12 +82,6 @@ class AcceptanceCalibration:
         """Measured P(accepted | parent accepted) of a node of ``origin`` with local probability ``local`` (float32)."""
         cell = self._bin(local)
         return float32(self.accepted[origin][cell] / self.seen[origin][cell])
-
-    def rate(self, origins: torch.Tensor, local: torch.Tensor) -> torch.Tensor:  # [m], [m] -> [m] float32
-        """``node_rate`` of every node of ``origins`` with local probability ``local``."""
-        with host_only():
-            pairs = zip(origins.cpu().tolist(), local.cpu().tolist(), strict=True)
-        return floats(self.node_rate(origin, p) for origin, p in pairs)
 
     def reach_list(self, tree: DraftTree) -> list[float]:  # [num_nodes], 1 at the root
         """Calibrated probability that verification accepts each node (the product of rates to the root)."""
