@@ -29,22 +29,14 @@ from ..syncs import fetch, host_only
 from ..tree import ORIGIN_NAMES, DraftTree, float32
 
 
-def tree_lists(tree: DraftTree) -> tuple[list[int], list[float], list[int]]:
-    """A tree's parents, scores and origins as host lists (one counted read for a device tree)."""
+def host_columns(tree: DraftTree, *names: str) -> list[list]:
+    """Columns of ``tree`` as host lists, in the order named: a host tree's kept structure lists (``listed``) and
+    fresh reads of its scores and origins (they change without new nodes); one counted read for a device tree."""
     if tree.host:
-        return tree.listed("parents"), tree.host_list("scores"), tree.host_list("origins")
-    parents, scores, origins = fetch(tree.parents, tree.scores, tree.origins)
+        return [tree.host_list(name) if name in ("scores", "origins") else tree.listed(name) for name in names]
+    copies = fetch(*(getattr(tree, name) for name in names))
     with host_only():
-        return parents.tolist(), scores.tolist(), origins.tolist()
-
-
-def tree_structure(tree: DraftTree) -> tuple[list[int], list[int]]:
-    """A tree's tokens and depths as host lists (one counted read for a device tree)."""
-    if tree.host:
-        return tree.listed("tokens"), tree.listed("depths")
-    tokens, depths = fetch(tree.tokens, tree.depths)
-    with host_only():
-        return tokens.tolist(), depths.tolist()
+        return [copy.tolist() for copy in copies]
 
 
 class AcceptanceCalibration:
@@ -64,8 +56,7 @@ class AcceptanceCalibration:
         keeps the rates of low bins measured (counting verified nodes only, a bin the trim always drops would
         keep its prior for good).
         """
-        parents, scores, origins = tree_lists(tree)
-        tokens, depths = tree_structure(tree)
+        parents, scores, origins, tokens, depths = host_columns(tree, "parents", "scores", "origins", "tokens", "depths")
         with host_only():
             path = committed.tolist()
         local = local_probabilities(parents, scores)
@@ -85,7 +76,7 @@ class AcceptanceCalibration:
 
     def reach_list(self, tree: DraftTree) -> list[float]:  # [num_nodes], 1 at the root
         """Calibrated probability that verification accepts each node (the product of rates to the root)."""
-        parents, scores, origins = tree_lists(tree)
+        parents, scores, origins = host_columns(tree, "parents", "scores", "origins")
         local = local_probabilities(parents, scores)
         reach = [1.0] * len(parents)
         for node in range(1, len(parents)):  # parents first: the product runs down every path at once

@@ -125,9 +125,11 @@ def chain_match(preview: WeakPreview, committed: torch.Tensor) -> int:
         return 1
     committed = host_value(committed)
     longest = 0
-    for parent, tokens, logps in zip(*(host_value(t) for t in (preview.parents, preview.tokens, preview.logp)), strict=True):
+    chains = zip(*(host_value(t) for t in (preview.parents, preview.tokens, preview.logp)), strict=True)
+    for parent, tokens, logps in chains:
         if parent == 0:
-            matched = itertools.takewhile(lambda t: t[0] == t[1] and math.isfinite(t[2]), zip(tokens, committed, logps))
+            pairs = zip(tokens, committed, logps, strict=False)  # a chain may run past the committed tokens
+            matched = itertools.takewhile(lambda t: t[0] == t[1] and math.isfinite(t[2]), pairs)
             longest = max(longest, sum(1 for _ in matched))
     return 1 + longest
 
