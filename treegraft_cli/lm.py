@@ -199,7 +199,7 @@ class CausalLM:
 
     def _device_timing(self) -> tuple[torch.cuda.Event, torch.cuda.Event] | None:
         """A started pair of CUDA events when forwards are timed on the device, else None (wall time)."""
-        if not (self.synchronize_timing and self.device.type == "cuda"):
+        if not (self.synchronize_timing and self._device.type == "cuda"):
             return None
         events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         events[0].record()

@@ -63,12 +63,14 @@ class DraftTree:
         self._adopt(dict(zip(COLUMNS, columns, strict=True)), ancestor_mask, n, host)
 
     def _adopt(self, buffers: dict[str, torch.Tensor], mask: torch.Tensor, n: int, host: bool,
-               longs: torch.Tensor | None = None) -> None:
+               longs: torch.Tensor | None = None, origin_fill: int = ORIGIN_ROOT) -> None:
         """Take ``buffers`` (columns of ``capacity`` entries, the first ``n`` in use) and ``mask`` as they are.
 
         ``longs``: ``[4, capacity]`` when the int64 columns are its rows (``_LONG_COLUMNS`` order): one op then
-        writes, copies or selects them all."""
+        writes, copies or selects them all. ``origin_fill``: the origin the buffer holds past the nodes (nodes
+        of that origin are written without writing it)."""
         self.host = host
+        self._origin_fill = origin_fill
         self._device = mask.device
         self._buffers, self._mask, self._longs = buffers, mask, longs
         self._capacity = mask.shape[0]
@@ -79,20 +81,22 @@ class DraftTree:
 
     @classmethod
     def from_root(cls, root_token: int | torch.Tensor, device: torch.device | str = "cpu", capacity: int = 0,
-                  host: bool = False, parts: tuple[torch.Tensor, ...] | None = None) -> DraftTree:
+                  host: bool = False, parts: tuple[torch.Tensor, ...] | None = None,
+                  origin_fill: int = ORIGIN_ROOT) -> DraftTree:
         """A tree holding the root only; ``root_token`` may be a one-element tensor (no read). ``parts``: fresh
-        buffers of a root-only tree of this capacity (``RootTrees``), else they are allocated here."""
+        buffers of a root-only tree of this capacity (``RootTrees``), else they are allocated here, their
+        origins past the root ``origin_fill``."""
         device = device if isinstance(device, torch.device) else torch.device(device)
         capacity = capacity or INITIAL_CAPACITY
         tree = cls.__new__(cls)
         tree._device = device
-        parts = parts if parts is not None else _fresh(device, capacity)
+        parts = parts if parts is not None else _fresh(device, capacity, origin_fill)
         buffers, mask = _columns(parts)
         if isinstance(root_token, torch.Tensor):
             buffers["tokens"][:1] = root_token.reshape(1)
         else:
             buffers["tokens"][0] = int(root_token)
-        tree._adopt(buffers, mask, 1, host, parts[0])
+        tree._adopt(buffers, mask, 1, host, parts[0], origin_fill)
         return tree
 
     def _reserve(self, extra: int) -> None:
@@ -104,7 +108,7 @@ class DraftTree:
         while capacity < needed:
             capacity *= 2
         n = self._n
-        parts = _fresh(self._device, capacity)  # fill values everywhere past the copied rows
+        parts = _fresh(self._device, capacity, self._origin_fill)  # fill values everywhere past the copied rows
         buffers, mask = _columns(parts)
         if self._longs is not None:
             parts[0][:, :n] = self._longs[:, :n]
@@ -115,7 +119,7 @@ class DraftTree:
             buffers[name][:n] = self._buffers[name][:n]
         mask[:n, :n] = self._mask[:n, :n]
         index, indexed = self._key_index, self._indexed  # node indices do not change when the buffers grow
-        self._adopt(buffers, mask, n, self.host, parts[0])
+        self._adopt(buffers, mask, n, self.host, parts[0], self._origin_fill)
         self._key_index, self._indexed = index, indexed
 
     def _refresh(self) -> None:
@@ -217,11 +221,12 @@ class DraftTree:
         tokens: torch.Tensor,  # [m]
         scores: torch.Tensor,  # [m]
         origin: int,
+        depth: int | None = None,  # every new node's depth, when the caller knows it (spares looking it up)
     ) -> int:
         """``append_children`` returning the first new index (the new nodes are ``first .. num_nodes - 1``)."""
         self._reserve(parents.shape[0])
         n = self._n
-        self._write(n, _as(parents, torch.long), _as(tokens, torch.long), _as(scores, torch.float32), origin)
+        self._write(n, _as(parents, torch.long), _as(tokens, torch.long), _as(scores, torch.float32), origin, depth=depth)
         return n
 
     def _write(
@@ -232,33 +237,43 @@ class DraftTree:
         scores: torch.Tensor,  # [m]
         origin: int,
         generations: int = 0,  # longest chain of parents inside the batch (0: every parent already exists)
+        depth: int | None = None,  # every new node's depth, when known (children of existing nodes only)
     ) -> None:
         """Write ``m`` nodes at ``n``: columns, ancestor-mask rows and depths (a row's count of ancestors).
 
-        Rows past ``n`` were never written (trees only grow), so kv_slot keeps its -1 fill.
+        Rows past ``n`` were never written (trees only grow): kv_slot keeps its -1 fill and each mask row
+        its diagonal, so children of existing nodes take their parents' rows or-ed in.
         """
         m = parents.shape[0]
         b = self._buffers
-        rows = self._mask.index_select(0, parents.clamp(max=n - 1) if generations else parents)  # [m, capacity] the parent's row
-        rows[:, n : n + m].fill_diagonal_(True)
         if generations:  # parents inside the batch: pointer doubling pulls in their rows
+            rows = self._mask.index_select(0, parents.clamp(max=n - 1))  # [m, capacity] the parent's row
+            rows[:, n : n + m].fill_diagonal_(True)
             inside = parents >= n
             rows[:, :n] &= ~inside[:, None]
             up = torch.where(inside, parents - n, torch.arange(m, device=self._device))
             for _ in range(generations.bit_length()):
                 rows |= rows.index_select(0, up)
                 up = up.index_select(0, up)
-        self._mask[n : n + m] = rows
-        # a batch of children of existing nodes: one below their parents (cheaper than counting ancestors)
-        depths = rows.sum(dim=1) - 1 if generations else b["depths"].index_select(0, parents) + 1
+            self._mask[n : n + m] = rows
+            depths = rows.sum(dim=1) - 1
+        else:
+            self._mask[n : n + m].bitwise_or_(self._mask.index_select(0, parents))  # not ``|=``: no setitem after
+            # a batch of children of existing nodes: one below their parents (cheaper than counting ancestors)
+            depths = depth if depth is not None else b["depths"].index_select(0, parents) + 1
         if self._longs is not None:
-            self._longs[:3, n : n + m] = torch.stack([tokens, parents, depths])
+            if isinstance(depths, int):
+                self._longs[:2, n : n + m] = torch.stack([tokens, parents])
+                self._longs[2, n : n + m] = depths
+            else:
+                self._longs[:3, n : n + m] = torch.stack([tokens, parents, depths])
         else:
             b["tokens"][n : n + m] = tokens
             b["parents"][n : n + m] = parents
             b["depths"][n : n + m] = depths
         b["scores"][n : n + m] = scores
-        b["origins"][n : n + m] = origin
+        if origin != self._origin_fill:
+            b["origins"][n : n + m] = origin
         self._n = n + m
         self._refresh()
 
@@ -490,9 +505,9 @@ class DraftTree:
         else:
             buffers = {name: getattr(self, name).index_select(0, kept) for name in COLUMNS}
         parents = buffers["parents"]
-        # a kept parent's new index is its position in ``kept`` (ascending); in place: it may be a row of ``longs``
-        parents.copy_(torch.searchsorted(kept, parents))
-        parents[0] = -1
+        # a kept parent's new index is its position in ``kept`` (ascending), the root's -1 stays -1 (nothing in
+        # ``kept`` is below it); in place: it may be a row of ``longs``
+        torch.sub(torch.searchsorted(kept, parents, right=True), 1, out=parents)
         tree = DraftTree.__new__(DraftTree)
         tree._adopt(buffers, self.ancestor_mask().index_select(0, kept).index_select(1, kept), k, self.host, longs)
         return tree
@@ -543,15 +558,18 @@ class DraftTree:
             raise AssertionError("siblings must have distinct tokens")
 
 
-def _fresh(device: torch.device, capacity: int) -> tuple[torch.Tensor, ...]:
-    """(int64 columns [4, capacity], scores, origins, ancestor mask) of a root-only tree with token 0."""
+def _fresh(device: torch.device, capacity: int, origin_fill: int = ORIGIN_ROOT) -> tuple[torch.Tensor, ...]:
+    """(int64 columns [4, capacity], scores, origins, ancestor mask) of a root-only tree with token 0, every
+    origin past the root ``origin_fill``."""
     longs = torch.tensor([_FILL[COLUMNS.index(name)] for name in _LONG_COLUMNS], device=device)
     longs = longs[:, None].repeat(1, capacity)  # the int64 columns share one block: one copy makes them all
     scores = torch.full((capacity,), float("-inf"), device=device)
     scores[0] = 0.0
-    mask = torch.zeros(capacity, capacity, dtype=torch.bool, device=device)
-    mask[0, 0] = True
-    return longs, scores, torch.zeros(capacity, dtype=torch.int8, device=device), mask
+    # every node is its own ancestor: rows are written by or-ing the parent's row into the diagonal
+    mask = torch.eye(capacity, dtype=torch.bool, device=device)
+    origins = torch.full((capacity,), origin_fill, dtype=torch.int8, device=device)
+    origins[0] = ORIGIN_ROOT
+    return longs, scores, origins, mask
 
 
 def _columns(parts: tuple[torch.Tensor, ...]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -563,10 +581,12 @@ def _columns(parts: tuple[torch.Tensor, ...]) -> tuple[dict[str, torch.Tensor], 
 
 class RootTrees:
     """Each step's root-only tree, copied from a prototype built once per device and capacity: a tree builder
-    starts a tree every step, and three copies cost less than seven allocations and the root's writes.
-    Each tree builder owns one."""
+    starts a tree every step, and four copies cost less than seven allocations and the root's writes.
+    Each tree builder owns one; ``origin``: the origin of most of its nodes, prefilled so that writing
+    them does not write it."""
 
-    def __init__(self) -> None:
+    def __init__(self, origin: int = ORIGIN_ROOT) -> None:
+        self.origin = origin
         self._prototypes: dict[tuple[torch.device, int], tuple[torch.Tensor, ...]] = {}
 
     def tree(self, root_token: int | torch.Tensor, device: torch.device | str = "cpu", capacity: int = 0,
@@ -575,8 +595,8 @@ class RootTrees:
         capacity = capacity or INITIAL_CAPACITY
         prototype = self._prototypes.get((device, capacity))
         if prototype is None:
-            prototype = self._prototypes[(device, capacity)] = _fresh(device, capacity)
-        return DraftTree.from_root(root_token, device, capacity, host, tuple(t.clone() for t in prototype))
+            prototype = self._prototypes[(device, capacity)] = _fresh(device, capacity, self.origin)
+        return DraftTree.from_root(root_token, device, capacity, host, tuple(t.clone() for t in prototype), self.origin)
 
 
 def _as(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -38,7 +38,7 @@ from ..syncs import host_value, read
 from ..tree import DraftTree, RootTrees
 from ..verify import Verdict
 from .base import Method, Models, Observation, Prefill, register
-from .model_drafting import DenseMethod
+from .model_drafting import DenseMethod, Frontier
 
 
 def _check(condition: bool, message: str, hint: str) -> None:
@@ -192,18 +192,21 @@ class GraftMethod(DenseMethod):
         depth = self.config.tree.depth
         tree = self.roots.tree(committed[-1:], self.drafter.device, capacity=1 + k + (depth - 1) * k * k)
         logits = self.drafter.begin_step(committed)[None]
-        frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
+        frontier = Frontier.root(tree.device)
         for layer in range(self.config.tree.depth):
             if layer > 0:
-                logits = self.drafter.forward_nodes(tree, frontier, ancestors_forwarded=True)
+                logits = self.drafter.forward_nodes(tree, frontier.nodes, ancestors_forwarded=True)
             frontier = self.expand(tree, frontier, logits, k)
-            grafted = self.checkpoint(tree, layer)
+            grafted = self.checkpoint(tree, layer, frontier.scores[0])
             if grafted is not None:
                 return grafted
         return tree.top_by_score(budget)
 
-    def checkpoint(self, tree: DraftTree, layer: int) -> DraftTree | None:
+    def checkpoint(self, tree: DraftTree, layer: int, best: torch.Tensor) -> DraftTree | None:
         """The grafted tree when a checkpoint on ``layer`` fires (``self.fired`` set), else None.
+
+        ``best`` ([] on the device): log c_d, the best score the layer drafted (its frontier's first, as
+        ``confidence`` finds it in the tree).
 
         One read decides it: the layer's confidence, packed with how many nodes the graft of the first stage
         that can fire would add. That graft is worked out before the read (``AdjacencyTable.prepare`` touches
@@ -212,7 +215,6 @@ class GraftMethod(DenseMethod):
         stages = [i for i, stage in enumerate(self.stages) if stage.layer == layer]
         if not stages:
             return None
-        best = self.confidence(tree, layer)
         if all(self.changes_nothing(self.stages[i], tree) for i in stages):
             self.deferred = (stages, best)
             return None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..config import DecodeConfig
@@ -36,7 +38,7 @@ class ModelDraftingMethod(Method):
     def __init__(self, models: Models, config: DecodeConfig):
         super().__init__(models, config)
         self.drafter = make_model_drafter(models.drafter, models.target)
-        self.roots = RootTrees()
+        self.roots = RootTrees(ORIGIN_MODEL)  # every node but the root comes from the drafter
         self._spreads: dict[tuple[int, int], torch.Tensor] = {}  # ``DenseMethod.spread`` by (parents, k)
 
     def start(self, prefill) -> None:
@@ -55,6 +57,19 @@ class ModelDraftingMethod(Method):
 
     def drafter_calls(self) -> dict[str, int]:
         return {self.drafter.name: self.drafter.calls}
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """The nodes a dense layer expands next, with their scores (the top-k that chose them returned those) and depth."""
+
+    nodes: torch.Tensor  # [p] node indices
+    scores: torch.Tensor | None  # [p] their cumulative log-probs; None for the root alone (score 0)
+    depth: int  # tree depth of every node in it
+
+    @classmethod
+    def root(cls, device: torch.device) -> Frontier:
+        return cls(torch.zeros(1, dtype=torch.long, device=device), None, 0)
 
 
 @register
@@ -93,29 +108,31 @@ class DenseMethod(ModelDraftingMethod):
         k = self.config.tree.top_k
         tree = self.roots.tree(committed[-1:], self.drafter.device, capacity=1 + k + (depth - 1) * k * k)
         root_logits = self.drafter.begin_step(committed)
-        frontier = torch.zeros(1, dtype=torch.long, device=tree.device)
-        frontier = self.expand(tree, frontier, root_logits[None], k)
+        frontier = self.expand(tree, Frontier.root(tree.device), root_logits[None], k)
         for _ in range(depth - 1):
-            logits = self.drafter.forward_nodes(tree, frontier, ancestors_forwarded=True)
+            logits = self.drafter.forward_nodes(tree, frontier.nodes, ancestors_forwarded=True)
             frontier = self.expand(tree, frontier, logits, k)
         return tree
 
     def expand(
         self,
         tree: DraftTree,
-        parents: torch.Tensor,  # [p] node indices
+        parents: Frontier,  # p nodes
         logits: torch.Tensor,  # [p, vocab] drafter logits at the parents
         k: int,
-    ) -> torch.Tensor:
+    ) -> Frontier:
         """Add each parent's top-k children; return the k best new nodes (the next frontier).
 
         The parents are the last frontier, childless, and a top-k never repeats a token: every child is new.
         """
         top_logp, top_tokens = torch.topk(log_probs(logits), k, dim=-1)  # [p, k]
-        parent_of = parents.index_select(0, self.spread(parents.shape[0], k))  # [p * k] parent by parent
-        scores = tree.buffer("scores").index_select(0, parent_of) + top_logp.view(-1)  # [p * k]
-        first = tree.append(parent_of, top_tokens.flatten(), scores, ORIGIN_MODEL)
-        return torch.topk(scores, min(k, scores.shape[0])).indices + first  # the new nodes are first, first + 1, ...
+        p = parents.nodes.shape[0]
+        parent_of = parents.nodes.index_select(0, self.spread(p, k))  # [p * k] parent by parent
+        # the parents' scores came with them from the last top-k (the root's is 0: its children score their own)
+        scores = top_logp.view(-1) if parents.scores is None else (parents.scores[:, None] + top_logp).view(-1)  # [p * k]
+        first = tree.append(parent_of, top_tokens.flatten(), scores, ORIGIN_MODEL, depth=parents.depth + 1)
+        best = torch.topk(scores, min(k, scores.shape[0]))
+        return Frontier(best.indices + first, best.values, parents.depth + 1)  # the new nodes are first, first + 1, ...
 
     def spread(self, p: int, k: int) -> torch.Tensor:  # -> [p * k]
         """``[0] * k + [1] * k + ...``: each of ``p`` parents once per child (kept per shape: a gather is cheaper
