@@ -125,9 +125,8 @@ class MarginalReach:
     The calibration rates a node by its origin and local probability given its parent, so reach, a product of
     such rates, misses how acceptance runs along a path: a chain that copies its context keeps matching once it
     starts, and its deep nodes are accepted far more often than the product says. The trim acts on exactly the
-    nodes of lowest reach; ρ measures the calibration there, on this text, and where ρ > 1 the trim drops a node
-    only if ρ · reach is below the floor. It only relaxes the trim: tightening it where ρ < 1 cut gsm8k's trees
-    from τ 1.95 to 1.39 and its speed from 1.43× to 1.28× (development questions 1–2).
+    nodes of lowest reach; ρ measures the calibration there, on this text, and the trim drops a node only if
+    ρ · reach is below the floor.
     """
 
     def __init__(self, decay: float = 0.9, prior_reach: float = 1.0):
@@ -321,10 +320,10 @@ class StepRule(CallPolicy):
 
     def node_floor(self, costs: CostModel, budget: int) -> float:
         """The reach below which a node costs more verification time than its tokens are worth at rate R, its
-        reach corrected by ρ where ρ > 1 (``MarginalReach``); 0 while R is unmeasured, when trimming is off, or when the cost
+        reach corrected by ρ (``MarginalReach``); 0 while R is unmeasured, when trimming is off, or when the cost
         model has no per-node slope."""
         floor = self.raw_floor(costs, budget)
-        return floor / max(1.0, self.marginal.ratio) if self.marginal is not None else floor
+        return floor / self.marginal.ratio if self.marginal is not None else floor
 
     def raw_floor(self, costs: CostModel, budget: int) -> float:
         """``node_floor`` before the correction: R · ms per node."""
@@ -338,7 +337,8 @@ class StepRule(CallPolicy):
         if floor <= 0 or tree.size == 0:
             return tree
         reach = self.calibration.reach_list(tree)
-        self.judged = (reach, self.raw_floor(costs, budget))  # ρ watches the nodes the uncorrected floor drops
+        # ρ watches every node the trim drops, and those the uncorrected floor would drop
+        self.judged = (reach, max(floor, self.raw_floor(costs, budget)))
         # reach never grows down a path (every rate is at most 1), so the kept nodes are prefix-closed
         kept = [node for node, value in enumerate(reach) if node == 0 or value >= floor]
         if len(kept) == tree.num_nodes:
