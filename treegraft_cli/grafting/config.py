@@ -39,8 +39,6 @@ class TreeGraftConfig:
     - verify_ms / strong_ms: measured costs (0: measure at warm-up when the policy needs them).
     - trim: the step rule verifies only the nodes whose calibrated reach pays for their share of the
       verification (``StepRule.trim``); false: every node of the cut tree.
-    - trim_correction: the trim corrects reach by how the nodes it judges have fared on this text
-      (``step_rule.MarginalReach``); false: the calibrated reach as it is.
     - chain_length: tokens per chain of the ``ngram`` baseline.
     - scheduler: a distilled scheduler artifact (``treegraft distill``); with no ``policy`` given,
       ``treegraft`` then decides with it (policy ``learned``).
@@ -59,7 +57,6 @@ class TreeGraftConfig:
     verify_ms: float = 0.0
     strong_ms: float = 0.0
     trim: bool = True
-    trim_correction: bool = True
     chain_length: int = 10
     scheduler: str = ""
 

@@ -46,11 +46,8 @@ class AcceptanceCalibration:
         self.seen = [[prior_weight] * bins for _ in ORIGIN_NAMES]  # [origins][bins]
         self.accepted = [[c * prior_weight for c in centres] for _ in ORIGIN_NAMES]  # [origins][bins]
 
-    def observe(self, tree: DraftTree, committed: torch.Tensor) -> list[bool | None]:  # committed: [τ] new tokens
+    def observe(self, tree: DraftTree, committed: torch.Tensor) -> None:  # committed: [τ] the step's new tokens
         """Count every node of ``tree`` whose parent lies on the committed path, and whether it does itself.
-
-        Returns each node's verdict, root first: True on the committed path, False off it, None unknown (its
-        ancestors match every committed token, it lies deeper).
 
         ``tree`` is the step's tree before any trim, ``committed`` the tokens the step committed (the accepted
         nodes' and the bonus): the node at depth d on the committed path holds ``committed[d − 1]``. A node whose
@@ -63,7 +60,7 @@ class AcceptanceCalibration:
         with host_only():
             path = committed.tolist()
         local = local_probabilities(parents, scores)
-        on_path: list[bool | None] = [True] + [False] * (len(parents) - 1)
+        on_path = [True] + [False] * (len(parents) - 1)
         for node in range(1, len(parents)):
             parent, depth = parents[node], depths[node]
             if on_path[parent] and depth <= len(path):
@@ -71,9 +68,6 @@ class AcceptanceCalibration:
                 origin, column = origins[node], self._bin(local[node])
                 self.seen[origin][column] += 1.0
                 self.accepted[origin][column] += hit
-            elif on_path[parent] is not False:  # under a node that matched the last committed token, or unknown
-                on_path[node] = None
-        return on_path
 
     def node_rate(self, origin: int, local: float) -> float:
         """Measured P(accepted | parent accepted) of a node of ``origin`` with local probability ``local`` (float32)."""

@@ -22,7 +22,7 @@ def _learned(argument: str, options: TreeGraftConfig) -> CallPolicy:
 
 def _step(argument: str, options: TreeGraftConfig) -> CallPolicy:
     layers = parse_layers(argument) if argument else options.layers
-    return StepRule(options.call_budget, options.hit_rate, layers, trim=options.trim, trim_correction=options.trim_correction)
+    return StepRule(options.call_budget, options.hit_rate, layers, trim=options.trim)
 
 
 def _fixed(argument: str, options: TreeGraftConfig) -> CallPolicy:

@@ -117,37 +117,6 @@ class WeakOutcomes:
         return 1.0 + self.ratio * (estimate - 1.0)
 
 
-class MarginalReach:
-    """ρ: how the nodes the trim judges fare against their calibrated reach, accepted / Σ reach over the nodes
-    below the floor of recent trees (exponentially weighted, ``decay`` per observed tree, from a prior of ρ = 1
-    worth ``prior_reach`` expected tokens).
-
-    The calibration rates a node by its origin and local probability given its parent, so reach, a product of
-    such rates, misses how acceptance runs along a path: a chain that copies its context keeps matching once it
-    starts, and its deep nodes are accepted far more often than the product says. The trim acts on exactly the
-    nodes of lowest reach; ρ measures the calibration there, on this text, and the trim drops a node only if
-    ρ · reach is below the floor.
-    """
-
-    def __init__(self, decay: float = 0.9, prior_reach: float = 1.0):
-        self.decay = decay
-        self.accepted = prior_reach
-        self.expected = prior_reach
-
-    @property
-    def ratio(self) -> float:
-        return self.accepted / self.expected
-
-    def observe(self, reach: list[float], on_path: list[bool | None], floor: float) -> None:
-        """One tree's nodes with ``reach`` below ``floor`` (reach and on_path: [num_nodes], root first; a node whose
-        verdict is unknown, deeper than the step committed along a matching path, is left out)."""
-        below = [node for node in range(1, len(reach)) if reach[node] < floor and on_path[node] is not None]
-        if not below:
-            return
-        self.accepted = self.decay * self.accepted + sum(on_path[node] for node in below)
-        self.expected = self.decay * self.expected + sum(reach[node] for node in below)
-
-
 def chain_match(preview: WeakPreview, committed: torch.Tensor) -> int:
     """Accepted length the previewed root chains would have reached: 1 + their longest common prefix
     with ``committed`` ([τ] the tokens the step committed; a lower bound when a chain matches them all).
@@ -217,7 +186,6 @@ class StepRule(CallPolicy):
         rate_decay: float = 0.95,
         clock: Callable[[], float] = time.perf_counter,  # seconds
         trim: bool = True,
-        trim_correction: bool = True,
     ):
         super().__init__(call_budget)
         self.trimming = trim
@@ -234,8 +202,6 @@ class StepRule(CallPolicy):
         self.clock = clock
         self.calibration = AcceptanceCalibration()
         self.weak_outcomes = WeakOutcomes()
-        self.marginal = MarginalReach() if trim_correction else None
-        self.judged: tuple[list[float], float] | None = None  # this step's reach per node and the floor ρ watches
         self.kinds: dict[str, StepKind] = {}  # weak, short, full: built once D is known
         self.tokens = 0.0  # exponentially weighted accepted length of the verified steps
         self.ms = 0.0  # and their wall time
@@ -319,32 +285,21 @@ class StepRule(CallPolicy):
         return expected_accepted(in_tree + weak, state.budget), min(len(weak), state.budget)
 
     def node_floor(self, costs: CostModel, budget: int) -> float:
-        """The reach below which a node costs more verification time than its tokens are worth at rate R, its
-        reach corrected by ρ (``MarginalReach``); 0 while R is unmeasured, when trimming is off, or when the cost
-        model has no per-node slope."""
-        floor = self.raw_floor(costs, budget)
-        return floor / self.marginal.ratio if self.marginal is not None else floor
-
-    def raw_floor(self, costs: CostModel, budget: int) -> float:
-        """``node_floor`` before the correction: R · ms per node."""
+        """The reach below which a node costs more verification time than its tokens are worth at rate R
+        (0 while R is unmeasured, when trimming is off, or when the cost model has no per-node slope)."""
         if not self.trimming or self.ms <= 0:
             return 0.0
         return self.rate * costs.node_ms(budget)
 
     def trim(self, tree: DraftTree, costs: CostModel, budget: int) -> DraftTree:
-        self.untrimmed, self.judged = None, None
+        self.untrimmed = None
         floor = self.node_floor(costs, budget)
         if floor <= 0 or tree.size == 0:
             return tree
-        reach = self.calibration.reach_list(tree)
-        # ρ watches every node the trim drops, and those the uncorrected floor would drop
-        self.judged = (reach, max(floor, self.raw_floor(costs, budget)))
         # reach never grows down a path (every rate is at most 1), so the kept nodes are prefix-closed
-        kept = [node for node, value in enumerate(reach) if node == 0 or value >= floor]
-        if len(kept) == tree.num_nodes:
-            return tree
+        kept = [node for node, reach in enumerate(self.calibration.reach_list(tree)) if node == 0 or reach >= floor]
         self.untrimmed = tree  # what ``observe`` calibrates on: the nodes trimmed away count too
-        return tree.select(longs(kept))
+        return tree if len(kept) == tree.num_nodes else tree.select(longs(kept))
 
     def strong_tau(self, kind: StepKind) -> float:
         """τ of a strong kind: measured, or the prior before its first step."""
@@ -357,11 +312,7 @@ class StepRule(CallPolicy):
 
     def observe(self, tree: DraftTree, accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
         untrimmed, self.untrimmed = self.untrimmed, None
-        on_path = self.calibration.observe(untrimmed if untrimmed is not None else tree, next_tokens)
-        if self.judged is not None and self.marginal is not None:
-            reach, floor = self.judged
-            self.marginal.observe(reach, on_path, floor)
-            self.judged = None
+        self.calibration.observe(untrimmed if untrimmed is not None else tree, next_tokens)
         kind = self.choice
         if kind is None:
             return
@@ -396,9 +347,8 @@ class LearnedStepRule(StepRule):
 
     def __init__(self, call_budget: int, hit_rate: float, margin_fn: Callable[[torch.Tensor], float],
                  feature_set: str = "paper", layers: tuple[int, ...] = (), trim: bool = True,
-                 distilled_for: Mapping[str, Any] | None = None, source: str = "the scheduler",
-                 trim_correction: bool = True):
-        super().__init__(call_budget, hit_rate, layers, trim=trim, trim_correction=trim_correction)
+                 distilled_for: Mapping[str, Any] | None = None, source: str = "the scheduler"):
+        super().__init__(call_budget, hit_rate, layers, trim=trim)
         self.margin_fn = margin_fn
         self.feature_set = feature_set
         self.distilled_for = dict(distilled_for or {})
