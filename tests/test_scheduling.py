@@ -421,10 +421,13 @@ def test_learned_step_rule_takes_the_kind_of_largest_positive_margin():
     state = SchedulerState(tree=tree, frontier=torch.zeros(1, dtype=torch.long), candidates=torch.tensor([True]),
                            layer=1, num_layers=4, called=(), prompt_length=10, costs=CostModel(40.0, 10.0), width=2, budget=8)
 
-    def rule(short: float, full: float) -> LearnedStepRule:
+    def rule(short: float, full: float, min_margin: float = 0.0) -> LearnedStepRule:
         # the last two inputs are the kind one-hot (short, full)
-        return LearnedStepRule(5, 0.8, lambda x: float(x[-2] * short + x[-1] * full), layers=(1, 2, 3))
+        return LearnedStepRule(5, 0.8, lambda x: float(x[-2] * short + x[-1] * full), layers=(1, 2, 3),
+                               min_margin=min_margin)
 
     assert rule(0.5, 1.0).choose(state).name == "full"
     assert rule(0.5, -1.0).choose(state).name == "short"
     assert rule(-0.5, -1.0).choose(state).name == "weak"
+    assert rule(0.5, 1.0, min_margin=0.7).choose(state).name == "full"  # only full clears the margin
+    assert rule(0.5, 0.6, min_margin=0.7).choose(state).name == "weak"  # neither gain beats the model's error

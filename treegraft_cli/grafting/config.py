@@ -40,6 +40,8 @@ class TreeGraftConfig:
     - trim: the step rule verifies only the nodes whose calibrated reach pays for their share of the
       verification (``StepRule.trim``); false: every node of the cut tree.
     - chain_length: tokens per chain of the ``ngram`` baseline.
+    - min_margin: a distilled scheduler calls only where its predicted margin over not calling exceeds this
+      many tokens (0: wherever it is positive); a margin for the value system's error.
     - scheduler: a distilled scheduler artifact (``treegraft distill``); with no ``policy`` given,
       ``treegraft`` then decides with it (policy ``learned``).
     """
@@ -59,6 +61,7 @@ class TreeGraftConfig:
     trim: bool = True
     chain_length: int = 10
     scheduler: str = ""
+    min_margin: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", parse_layers(self.layers))

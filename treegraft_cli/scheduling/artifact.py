@@ -110,8 +110,10 @@ class DistilledScheduler:
         """The call policy that decides with this scheduler under the method's ``options``."""
         if self.decides == "step":
             return LearnedStepRule(options.call_budget, options.hit_rate, self.margin, self.feature_set,
-                                   options.layers or self.full_layers, options.trim, self.cost_profile, source)
-        return MarginPolicy(options.call_budget, self.margin, self.cost_profile, source, self.feature_set)
+                                   options.layers or self.full_layers, options.trim, self.cost_profile, source,
+                                   options.min_margin)
+        return MarginPolicy(options.call_budget, self.margin, self.cost_profile, source, self.feature_set,
+                            options.min_margin)
 
     def document(self) -> dict[str, Any]:
         linear = [m for m in self.mlp if isinstance(m, torch.nn.Linear)]

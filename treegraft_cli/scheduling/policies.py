@@ -263,21 +263,23 @@ class FixedLayers(CallPolicy):
 
 
 class MarginPolicy(CallPolicy):
-    """Call iff ``margin_fn(features(state)) > 0``: the hook for a distilled scheduler."""
+    """Call iff ``margin_fn(features(state)) > min_margin`` (tokens): the hook for a distilled scheduler."""
 
     name = "margin"
     uses_costs = True  # a distilled scheduler sees them as features
 
     def __init__(self, call_budget: int, margin_fn: Callable[[torch.Tensor], float],
-                 distilled_for: Mapping[str, Any] | None = None, source: str = "the scheduler", feature_set: str = "paper"):
+                 distilled_for: Mapping[str, Any] | None = None, source: str = "the scheduler", feature_set: str = "paper",
+                 min_margin: float = 0.0):
         super().__init__(call_budget)
         self.margin_fn = margin_fn
+        self.min_margin = min_margin
         self.distilled_for = dict(distilled_for or {})  # the artifact's cost profile: identity, device, dtype, pair
         self.source = source
         self.feature_set = feature_set  # a key of FEATURE_SETS
 
     def wants_call(self, state: SchedulerState) -> bool:
-        return float(self.margin_fn(feature_vector(state, self.feature_set))) > 0
+        return float(self.margin_fn(feature_vector(state, self.feature_set))) > self.min_margin
 
     def check_pair(self, pair: str) -> None:
         check_distilled_pair(self.distilled_for, self.source, pair)

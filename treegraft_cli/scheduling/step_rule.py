@@ -338,7 +338,7 @@ class StepRule(CallPolicy):
 class LearnedStepRule(StepRule):
     """The step rule with a distilled scheduler choosing each step's kind (``treegraft distill`` of per-step
     rollouts, ``collect --decide step``): the kind whose predicted margin over a weak step is largest, a weak
-    step when no margin is positive. Measuring, trimming and catching up stay the rule's.
+    step when no margin exceeds ``min_margin`` tokens. Measuring, trimming and catching up stay the rule's.
 
     ``margin_fn`` maps ``[features, kind one-hot]`` (``STEP_KIND_NAMES`` order) to V_kind − V_weak.
     """
@@ -347,8 +347,10 @@ class LearnedStepRule(StepRule):
 
     def __init__(self, call_budget: int, hit_rate: float, margin_fn: Callable[[torch.Tensor], float],
                  feature_set: str = "paper", layers: tuple[int, ...] = (), trim: bool = True,
-                 distilled_for: Mapping[str, Any] | None = None, source: str = "the scheduler"):
+                 distilled_for: Mapping[str, Any] | None = None, source: str = "the scheduler",
+                 min_margin: float = 0.0):
         super().__init__(call_budget, hit_rate, layers, trim=trim)
+        self.min_margin = min_margin
         self.margin_fn = margin_fn
         self.feature_set = feature_set
         self.distilled_for = dict(distilled_for or {})
@@ -359,7 +361,7 @@ class LearnedStepRule(StepRule):
         self.preview = state.weak  # the weak estimate and its outcomes stay measured, as the trim reads them
         self.estimate, _ = self.weak_estimate(state)
         inputs = feature_vector(state, self.feature_set)
-        best, best_margin = kinds["weak"], 0.0
+        best, best_margin = kinds["weak"], self.min_margin
         for name in STEP_KIND_NAMES:
             if name in kinds:
                 margin = float(self.margin_fn(torch.cat([inputs, kind_one_hot(name)])))
