@@ -63,14 +63,12 @@ class DraftTree:
         self._adopt(dict(zip(COLUMNS, columns, strict=True)), ancestor_mask, n, host)
 
     def _adopt(self, buffers: dict[str, torch.Tensor], mask: torch.Tensor, n: int, host: bool,
-               longs: torch.Tensor | None = None, origin_fill: int = ORIGIN_ROOT) -> None:
+               longs: torch.Tensor | None = None) -> None:
         """Take ``buffers`` (columns of ``capacity`` entries, the first ``n`` in use) and ``mask`` as they are.
 
         ``longs``: ``[4, capacity]`` when the int64 columns are its rows (``_LONG_COLUMNS`` order): one op then
-        writes, copies or selects them all. ``origin_fill``: the origin the buffer holds past the nodes (nodes
-        of that origin are written without writing it)."""
+        writes, copies or selects them all."""
         self.host = host
-        self._origin_fill = origin_fill
         self._device = mask.device
         self._buffers, self._mask, self._longs = buffers, mask, longs
         self._capacity = mask.shape[0]
@@ -81,22 +79,20 @@ class DraftTree:
 
     @classmethod
     def from_root(cls, root_token: int | torch.Tensor, device: torch.device | str = "cpu", capacity: int = 0,
-                  host: bool = False, parts: tuple[torch.Tensor, ...] | None = None,
-                  origin_fill: int = ORIGIN_ROOT) -> DraftTree:
+                  host: bool = False, parts: tuple[torch.Tensor, ...] | None = None) -> DraftTree:
         """A tree holding the root only; ``root_token`` may be a one-element tensor (no read). ``parts``: fresh
-        buffers of a root-only tree of this capacity (``RootTrees``), else they are allocated here, their
-        origins past the root ``origin_fill``."""
+        buffers of a root-only tree of this capacity (``RootTrees``), else they are allocated here."""
         device = device if isinstance(device, torch.device) else torch.device(device)
         capacity = capacity or INITIAL_CAPACITY
         tree = cls.__new__(cls)
         tree._device = device
-        parts = parts if parts is not None else _fresh(device, capacity, origin_fill)
+        parts = parts if parts is not None else _fresh(device, capacity)
         buffers, mask = _columns(parts)
         if isinstance(root_token, torch.Tensor):
             buffers["tokens"][:1] = root_token.reshape(1)
         else:
             buffers["tokens"][0] = int(root_token)
-        tree._adopt(buffers, mask, 1, host, parts[0], origin_fill)
+        tree._adopt(buffers, mask, 1, host, parts[0])
         return tree
 
     def _reserve(self, extra: int) -> None:
@@ -108,7 +104,7 @@ class DraftTree:
         while capacity < needed:
             capacity *= 2
         n = self._n
-        parts = _fresh(self._device, capacity, self._origin_fill)  # fill values everywhere past the copied rows
+        parts = _fresh(self._device, capacity)  # fill values everywhere past the copied rows
         buffers, mask = _columns(parts)
         if self._longs is not None:
             parts[0][:, :n] = self._longs[:, :n]
@@ -119,7 +115,7 @@ class DraftTree:
             buffers[name][:n] = self._buffers[name][:n]
         mask[:n, :n] = self._mask[:n, :n]
         index, indexed = self._key_index, self._indexed  # node indices do not change when the buffers grow
-        self._adopt(buffers, mask, n, self.host, parts[0], self._origin_fill)
+        self._adopt(buffers, mask, n, self.host, parts[0])
         self._key_index, self._indexed = index, indexed
 
     def _refresh(self) -> None:
@@ -272,8 +268,7 @@ class DraftTree:
             b["parents"][n : n + m] = parents
             b["depths"][n : n + m] = depths
         b["scores"][n : n + m] = scores
-        if origin != self._origin_fill:
-            b["origins"][n : n + m] = origin
+        b["origins"][n : n + m] = origin
         self._n = n + m
         self._refresh()
 
@@ -558,18 +553,15 @@ class DraftTree:
             raise AssertionError("siblings must have distinct tokens")
 
 
-def _fresh(device: torch.device, capacity: int, origin_fill: int = ORIGIN_ROOT) -> tuple[torch.Tensor, ...]:
-    """(int64 columns [4, capacity], scores, origins, ancestor mask) of a root-only tree with token 0, every
-    origin past the root ``origin_fill``."""
+def _fresh(device: torch.device, capacity: int) -> tuple[torch.Tensor, ...]:
+    """(int64 columns [4, capacity], scores, origins, ancestor mask) of a root-only tree with token 0."""
     longs = torch.tensor([_FILL[COLUMNS.index(name)] for name in _LONG_COLUMNS], device=device)
     longs = longs[:, None].repeat(1, capacity)  # the int64 columns share one block: one copy makes them all
     scores = torch.full((capacity,), float("-inf"), device=device)
     scores[0] = 0.0
     # every node is its own ancestor: rows are written by or-ing the parent's row into the diagonal
     mask = torch.eye(capacity, dtype=torch.bool, device=device)
-    origins = torch.full((capacity,), origin_fill, dtype=torch.int8, device=device)
-    origins[0] = ORIGIN_ROOT
-    return longs, scores, origins, mask
+    return longs, scores, torch.zeros(capacity, dtype=torch.int8, device=device), mask
 
 
 def _columns(parts: tuple[torch.Tensor, ...]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -582,11 +574,9 @@ def _columns(parts: tuple[torch.Tensor, ...]) -> tuple[dict[str, torch.Tensor], 
 class RootTrees:
     """Each step's root-only tree, copied from a prototype built once per device and capacity: a tree builder
     starts a tree every step, and four copies cost less than seven allocations and the root's writes.
-    Each tree builder owns one; ``origin``: the origin of most of its nodes, prefilled so that writing
-    them does not write it."""
+    Each tree builder owns one."""
 
-    def __init__(self, origin: int = ORIGIN_ROOT) -> None:
-        self.origin = origin
+    def __init__(self) -> None:
         self._prototypes: dict[tuple[torch.device, int], tuple[torch.Tensor, ...]] = {}
 
     def tree(self, root_token: int | torch.Tensor, device: torch.device | str = "cpu", capacity: int = 0,
@@ -595,8 +585,8 @@ class RootTrees:
         capacity = capacity or INITIAL_CAPACITY
         prototype = self._prototypes.get((device, capacity))
         if prototype is None:
-            prototype = self._prototypes[(device, capacity)] = _fresh(device, capacity, self.origin)
-        return DraftTree.from_root(root_token, device, capacity, host, tuple(t.clone() for t in prototype), self.origin)
+            prototype = self._prototypes[(device, capacity)] = _fresh(device, capacity)
+        return DraftTree.from_root(root_token, device, capacity, host, tuple(t.clone() for t in prototype))
 
 
 def _as(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -38,7 +38,7 @@ class ModelDraftingMethod(Method):
     def __init__(self, models: Models, config: DecodeConfig):
         super().__init__(models, config)
         self.drafter = make_model_drafter(models.drafter, models.target)
-        self.roots = RootTrees(ORIGIN_MODEL)  # every node but the root comes from the drafter
+        self.roots = RootTrees()
         self._spreads: dict[tuple[int, int], torch.Tensor] = {}  # ``DenseMethod.spread`` by (parents, k)
 
     def start(self, prefill) -> None:
