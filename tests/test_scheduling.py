@@ -17,9 +17,11 @@ from typer.testing import CliRunner
 from treegraft_cli.cli import app
 from treegraft_cli.config import DecodeConfig, TreeConfig
 from treegraft_cli.errors import ConfigError
+from treegraft_cli.grafting.config import TreeGraftConfig
 from treegraft_cli.methods import Prefill
+from treegraft_cli.methods.treegraft import TreeGraftMethod
 from treegraft_cli.pipeline import Pipeline
-from treegraft_cli.profiles import load_profile
+from treegraft_cli.profiles import load_profile, profiles_dir
 from treegraft_cli.scheduling.artifact import load_scheduler
 from treegraft_cli.scheduling.cost_profile import CostProfile, load_cost_profile, save_cost_profile
 from treegraft_cli.scheduling.history import StepHistory
@@ -32,6 +34,7 @@ from treegraft_cli.scheduling.policies import (
     SchedulerState,
     features,
 )
+from treegraft_cli.scheduling.registry import LEARNED
 from treegraft_cli.scheduling.replay import price
 from treegraft_cli.scheduling.rollouts import CollectSettings, probing_decoder
 from treegraft_cli.scheduling.shards import read_rollouts
@@ -328,6 +331,20 @@ def test_a_profile_finds_its_shipped_scheduler_beside_it(tmp_path, monkeypatch):
     scheduler = load_profile(str(profiles / "pair.yaml")).method_options["treegraft"]["scheduler"]
     assert scheduler == str(profiles / "schedulers" / "scheduler.json")
     load_scheduler(scheduler)
+
+
+def test_the_qwen_pairs_profile_ships_a_scheduler_priced_under_its_shipped_cost_profile():
+    """The bundled per-step scheduler loads, was distilled for the profile's pair under the shipped bf16 CPU cost
+    profile (same identity), and is what ``treegraft`` decides with under that profile."""
+    profile = load_profile("qwen2.5-coder-0.5b--1.5b")
+    options = TreeGraftConfig(**profile.method_options["treegraft"])
+    scheduler = load_scheduler(options.scheduler)
+    costs = load_cost_profile(profiles_dir() / "costs" / "qwen2.5-coder-0.5b--1.5b-cpu-bf16.yaml")
+    assert scheduler.cost_profile["pair"] == profile.pair == costs.pair
+    assert scheduler.cost_profile["identity"] == costs.identity
+    assert scheduler.decides == "step" and scheduler.feature_set == "paper" and options.min_margin == 1.0
+    assert TreeGraftMethod.policy_spec(options) == LEARNED
+    assert isinstance(scheduler.policy(options), LearnedStepRule)
 
 
 def test_step_history_by_hand():
