@@ -34,7 +34,7 @@ from treegraft_cli.scheduling.policies import (
     SchedulerState,
     features,
 )
-from treegraft_cli.scheduling.registry import LEARNED
+from treegraft_cli.scheduling.registry import LEARNED, make_policy
 from treegraft_cli.scheduling.replay import price
 from treegraft_cli.scheduling.rollouts import CollectSettings, probing_decoder
 from treegraft_cli.scheduling.shards import read_rollouts
@@ -335,7 +335,7 @@ def test_a_profile_finds_its_shipped_scheduler_beside_it(tmp_path, monkeypatch):
 
 def test_the_qwen_pairs_profile_ships_a_scheduler_priced_under_its_shipped_cost_profile():
     """The bundled per-step scheduler loads, was distilled for the profile's pair under the shipped bf16 CPU cost
-    profile (same identity), and is what ``treegraft`` decides with under that profile."""
+    profile (same identity); ``treegraft`` decides with the step rule there and ``treegraft:learned`` with it."""
     profile = load_profile("qwen2.5-coder-0.5b--1.5b")
     options = TreeGraftConfig(**profile.method_options["treegraft"])
     scheduler = load_scheduler(options.scheduler)
@@ -343,8 +343,9 @@ def test_the_qwen_pairs_profile_ships_a_scheduler_priced_under_its_shipped_cost_
     assert scheduler.cost_profile["pair"] == profile.pair == costs.pair
     assert scheduler.cost_profile["identity"] == costs.identity
     assert scheduler.decides == "step" and scheduler.feature_set == "paper" and options.min_margin == 1.0
-    assert TreeGraftMethod.policy_spec(options) == LEARNED
-    assert isinstance(scheduler.policy(options), LearnedStepRule)
+    assert TreeGraftMethod.policy_spec(options) == "step"
+    learned = dataclasses.replace(options, **TreeGraftMethod.options_from_argument(LEARNED))
+    assert isinstance(make_policy(TreeGraftMethod.policy_spec(learned), learned), LearnedStepRule)
 
 
 def test_step_history_by_hand():
