@@ -5,8 +5,8 @@ It extends ``ModelDrafter`` in two ways the layer loop needs:
 - one forward covers the committed tokens the cache lacks (the root at least) *and* any set of tree
   nodes, even nodes whose ancestors are in the same batch; the first strong call of a step therefore
   costs one forward, not two;
-- it keeps the log-probs of every node it forwarded this step (``rows``), so a later call can rescore
-  children the weak drafter hung under nodes forwarded earlier.
+- it keeps the log-probs of every node it forwarded this step (``logp_rows``, indexed by ``rows``), so a later
+  call can rescore children the weak drafter hung under nodes forwarded earlier.
 
 Cache layout and commit are ``ModelDrafter``'s: committed rows first, then this step's node rows.
 """
@@ -17,26 +17,29 @@ import torch
 
 from ..lm import on_device_of
 from ..tree import DraftTree
+from .logp_rows import LogProbRows
 from .model import ModelDrafter, hide_all, show_tree
 
 
 class TreeDrafter(ModelDrafter):
     def __init__(self, lm):
         super().__init__(lm)
-        self.logp = torch.empty(0)  # [rows, vocab] float32: row 0 the root, then nodes in forward order
-        self.root_logp: torch.Tensor | None = None  # [vocab] kept so a step can be drafted twice (collect)
-        self.root_length = -1  # committed length the kept root row belongs to
+        self.logp_rows = LogProbRows()  # row 0 the root, then nodes in forward order
+        self.root_length = -1  # committed length whose root row is row 0 (kept so a step can be drafted twice: collect)
+
+    @property
+    def logp(self) -> torch.Tensor:  # [rows, vocab] float32
+        return self.logp_rows.view
 
     def reset(self) -> None:
         super().reset()
-        self.root_logp = None
         self.root_length = -1
 
     def start_step(self) -> None:
         """Drop the rows of an earlier draft of this step; nothing is forwarded until a call needs it."""
         self.calls = 0
         self.lm.crop(self.committed_length)
-        self.logp = torch.empty(0)
+        self.logp_rows.keep(0)
 
     def forward(
         self,
@@ -48,12 +51,12 @@ class TreeDrafter(ModelDrafter):
     ) -> None:
         """Forward the pending committed tokens and ``nodes`` in one pass; record slots and log-prob rows."""
         length = committed.shape[0]
-        if self.committed_length == length and self.root_length == length and self.logp.shape[0] == 0:
-            self.logp = self.root_logp[None]
+        if self.committed_length == length and self.root_length == length and self.logp_rows.count == 0:
+            self.logp_rows.keep(1)  # a redraft of this step: row 0 still holds its root
         p, m = length - self.committed_length, nodes.shape[0]
         pending = on_device_of(committed[self.committed_length :], self.device) if p else None
         if p + m == 0:
-            if self.logp.shape[0]:  # a redraft of this step's first call: the kept root row is all it needs
+            if self.logp_rows.count:  # a redraft of this step's first call: the kept root row is all it needs
                 rows[0] = 0
             return
         cache_length = self.lm.cache_length
@@ -76,10 +79,9 @@ class TreeDrafter(ModelDrafter):
         logits = self.lm.forward(tokens, positions, logits_to_keep=kept, mask=mask)
         self.calls += 1
         self.committed_length = length
-        logp = torch.log_softmax(logits if logits.dtype == torch.float32 else logits.float(), dim=-1)
-        if p:
-            self.root_logp, self.root_length = logp[0], length
-            self.logp = logp[:1]
+        if p:  # the root's row (the last pending) comes first: row 0
+            self.logp_rows.keep(0)
+            self.root_length = length
+        first = self.logp_rows.append(logits) + (1 if p else 0)  # the nodes' first row
         rows[0] = 0
-        rows.index_copy_(0, nodes, torch.arange(self.logp.shape[0], self.logp.shape[0] + m, device=rows.device))
-        self.logp = torch.cat([self.logp, logp[kept - m :] if p else logp])
+        rows.index_copy_(0, nodes, torch.arange(first, first + m, device=rows.device))

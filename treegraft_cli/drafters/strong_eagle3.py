@@ -34,6 +34,7 @@ from ..lm import CausalLM
 from ..syncs import host_only
 from ..tree import DraftTree
 from .eagle3 import Eagle3Drafter
+from .logp_rows import LogProbRows
 
 OUTSIDE_LOGP = -1.0e4  # log-prob of a target token the head's draft vocabulary lacks (probability ~0)
 
@@ -43,21 +44,25 @@ class Eagle3TreeDrafter(Eagle3Drafter):
 
     def __init__(self, lm: CausalLM, target: CausalLM):
         super().__init__(lm, target)
-        self.logp = torch.empty(0)  # [rows, vocab] float32, aligned with row_logits: row 0 the root
+        self.logp_rows = LogProbRows(floor=OUTSIDE_LOGP)  # aligned with row_logits: row 0 the root
         self.root_length = -1  # committed length ``begin_step`` ran for (its root row is kept)
+
+    @property
+    def logp(self) -> torch.Tensor:  # [rows, vocab] float32
+        return self.logp_rows.view
 
     def reset(self) -> None:
         super().reset()
         self.pending = self.target.last_hidden  # the prefill's states, or None: the first begin_step takes them
         self.root_length = -1
-        self.logp = torch.empty(0)
+        self.logp_rows.keep(0)
 
     def start_step(self) -> None:
         """Drop the node rows of an earlier draft of this step; keep its root row. Nothing is forwarded yet."""
         self.calls = 0
         self.lm.crop(self.committed_length)
         self.row_logits, self.row_features = self.row_logits[:1], self.row_features[:1]
-        self.logp = self.logp[:1]
+        self.logp_rows.keep(min(1, self.logp_rows.count))
 
     @torch.no_grad()
     def forward(
@@ -73,11 +78,12 @@ class Eagle3TreeDrafter(Eagle3Drafter):
         if self.root_length != length:
             self.begin_step(committed)
             self.root_length = length
-            self.logp = self._log_probs(self.row_logits)  # [1, vocab] the root row
+            self.logp_rows.keep(0)
+            self.logp_rows.append(self._to_target(self.row_logits))  # the root row
         self.forward_missing(tree, nodes, ancestor_mask)
-        fresh = self.row_logits[self.logp.shape[0] :]
+        fresh = self.row_logits[self.logp_rows.count :]
         if fresh.shape[0]:
-            self.logp = torch.cat([self.logp, self._log_probs(fresh)])
+            self.logp_rows.append(self._to_target(fresh))
         with host_only():  # the layer loop's tree and rows are host tensors
             forwarded = tree.kv_slot >= 0
             rows.copy_(torch.where(forwarded, self._row_index(tree, torch.arange(tree.num_nodes)), rows))
@@ -88,6 +94,3 @@ class Eagle3TreeDrafter(Eagle3Drafter):
             raise RuntimeError("EAGLE-3 strong drafter: reset before the prompt's prefill, no target states to keep")
         super().commit(tree, path)
         self.root_length = -1
-
-    def _log_probs(self, logits: torch.Tensor) -> torch.Tensor:  # [n, draft_vocab] -> [n, vocab] float32
-        return torch.log_softmax(self._to_target(logits).float(), dim=-1).clamp_min(OUTSIDE_LOGP)

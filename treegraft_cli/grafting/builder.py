@@ -30,6 +30,7 @@ import torch
 
 from ..config import TreeConfig
 from ..drafters import StrongDrafter
+from ..drafters.logp_rows import LogProbRows
 from ..drafters.ngram import Continuation, NgramIndex, TargetLogProbCache
 from ..hostlists import flags as host_flags
 from ..hostlists import floats, longs
@@ -294,7 +295,7 @@ class LayerLoop:
         with host_only():
             rows = g.rows.tolist()
             candidates = [i for i in in_window if rows[i] >= 0]
-        found = strong_lookup(self.strong.logp, parents, tokens, rows, candidates, k)
+        found = strong_lookup(self.strong.logp_rows, parents, tokens, rows, candidates, k)
         with host_only():
             scores = rescored(scores, parents, found.local)
             positions = reselect(scores, candidates, k)
@@ -323,7 +324,7 @@ class StrongLookup:
 
 
 def strong_lookup(
-    logp: torch.Tensor,  # [rows, vocab] the strong drafter's log-probs, on its device
+    logp_rows: LogProbRows,  # the strong drafter's log-prob rows of this step, on its device
     parents: list[int],  # [num_nodes] the host tree's columns
     tokens: list[int],  # [num_nodes]
     rows: list[int],  # [num_nodes] each node's row in ``logp``, -1 if none
@@ -335,13 +336,14 @@ def strong_lookup(
     The reselection itself needs the rescored scores, a sequential sum down each path: the host does it
     (``rescored``, ``reselect``) on what this returns, so the device pass needs no loop over depths.
     """
+    logp = logp_rows.view  # [rows, vocab]
     device, m = logp.device, len(parents) - 1
     vocab = logp.shape[1]
     # each node's (row, token) entry as a flat index, then the candidates' rows: one host tensor, one copy
     index = on_device_of(longs([rows[p] * vocab + t for p, t in zip(parents[1:], tokens[1:], strict=True)]
                                + [rows[c] for c in candidates]), device)
-    local = logp.view(-1).index_select(0, index[:m])
-    top_logp, top_tokens = torch.topk(logp.index_select(0, index[m:]), k, dim=-1)
+    local = logp.reshape(-1).index_select(0, index[:m])
+    top_logp, top_tokens = logp_rows.top(index[m:], k)
     local, top_logp, top_tokens = fetch(local, top_logp, top_tokens)
     with host_only():
         return StrongLookup(local.tolist(), top_logp.tolist(), top_tokens.tolist())
