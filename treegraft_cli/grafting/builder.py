@@ -327,7 +327,7 @@ def strong_lookup(
     logp_rows: LogProbRows,  # the strong drafter's log-prob rows of this step, on its device
     parents: list[int],  # [num_nodes] the host tree's columns
     tokens: list[int],  # [num_nodes]
-    rows: list[int],  # [num_nodes] each node's row in ``logp``, -1 if none
+    rows: list[int],  # [num_nodes] each node's row in ``logp_rows``, -1 if none
     candidates: list[int],  # [c] nodes a reselection may pick (each has a row)
     k: int,
 ) -> StrongLookup:
