@@ -26,7 +26,7 @@ from dataclasses import replace  # noqa: E402
 
 import torch  # noqa: E402
 
-from treegraft_cli.config import DecodeConfig, TreeConfig  # noqa: E402
+from treegraft_cli.config import DecodeConfig, TreeConfig, parse_options  # noqa: E402
 from treegraft_cli.engine import Generation  # noqa: E402
 from treegraft_cli.pipeline import Pipeline  # noqa: E402
 from treegraft_cli.syncs import SyncAuditor, cuda_sync_debug  # noqa: E402
@@ -104,6 +104,8 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kernels", default="auto")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
+                        help="a method option given to every method (e.g. device_layers=false), repeatable")
     parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument("--show-calls", action="store_true", help="print which calls the auditor counted")
     return parser.parse_args()
@@ -119,6 +121,7 @@ def main() -> None:
         tree=TreeConfig(budget=args.budget, depth=args.depth, top_k=args.top_k),
         max_new_tokens=args.max_new_tokens,
         kernels=args.kernels,
+        method_options=parse_options(args.option),
     )
     rows = {}
     for method in args.methods:

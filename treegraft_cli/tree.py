@@ -95,6 +95,21 @@ class DraftTree:
         tree._adopt(buffers, mask, 1, host, parts[0])
         return tree
 
+    def parts(self) -> tuple[torch.Tensor, ...]:
+        """The tree's whole buffers: int64 columns ``[4, capacity]``, scores, origins, ancestor mask (``from_parts``):
+        what reading the tree to the host takes, for one ``fetch`` together with other tensors."""
+        if self._longs is None:
+            raise ValueError("only a tree grown from a root (from_root, RootTrees) keeps its int64 columns in one block")
+        return self._longs, self._buffers["scores"], self._buffers["origins"], self._mask
+
+    @classmethod
+    def from_parts(cls, parts: tuple[torch.Tensor, ...], num_nodes: int, host: bool = False) -> DraftTree:
+        """A tree of ``num_nodes`` nodes on ``parts`` (``DraftTree.parts``, e.g. their host copies), taken as they are."""
+        tree = cls.__new__(cls)
+        buffers, mask = _columns(parts)
+        tree._adopt(buffers, mask, num_nodes, host, parts[0])
+        return tree
+
     def _reserve(self, extra: int) -> None:
         """Room for ``extra`` more nodes: double the buffers until they fit (copying what is there)."""
         needed = self._n + extra

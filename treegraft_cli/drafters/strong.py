@@ -22,6 +22,8 @@ from .model import ModelDrafter, hide_all, show_tree
 
 
 class TreeDrafter(ModelDrafter):
+    takes_device_trees = True  # its forward reads nothing of the tree on the host: a tree on its device costs no read
+
     def __init__(self, lm):
         super().__init__(lm)
         self.logp_rows = LogProbRows()  # row 0 the root, then nodes in forward order

@@ -42,6 +42,8 @@ OUTSIDE_LOGP = -1.0e4  # log-prob of a target token the head's draft vocabulary 
 class Eagle3TreeDrafter(Eagle3Drafter):
     """``committed_length`` counts committed head-cache rows, the root row included once ``begin_step`` ran."""
 
+    takes_device_trees = False  # it groups the nodes by depth on the host
+
     def __init__(self, lm: CausalLM, target: CausalLM):
         super().__init__(lm, target)
         self.logp_rows = LogProbRows(floor=OUTSIDE_LOGP)  # aligned with row_logits: row 0 the root

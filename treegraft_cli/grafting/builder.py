@@ -18,6 +18,9 @@ tree depth, see ``drafters.strong_eagle3``) — then every node is rescored with
 log-probs, the K best grafting positions in the lookback window are reselected (possibly shallower than
 the frontier), and each gets its top-K children. Existing children are merged and take
 the strong score; nothing is deleted. The new children's K best are the next frontier.
+
+Strong layers the policy calls from layer 1 on whatever the tree holds run on the strong drafter's device and
+are read back once (``strong_run``); the loop goes on from the layer after them.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from ..scheduling.policies import CallPolicy, CostModel, SchedulerState, WeakPre
 from ..syncs import fetch, host_only
 from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree, RootTrees, float32
 from .config import TreeGraftConfig
+from .strong_run import RunPlan, RunResult, plan_run, run_strong_layers
 from .tree_ops import cut_to_budget
 
 HOST = torch.device("cpu")
@@ -66,6 +70,14 @@ class Growth:
         tree = (roots or RootTrees()).tree(root_token, device, host=True)
         expanded = torch.zeros(1, dtype=torch.bool, device=device)
         return cls(tree, torch.zeros(1, dtype=torch.long, device=device), expanded, set(), torch.full((1,), -1, device=device))
+
+    @classmethod
+    def after_run(cls, run: RunResult, layers: int) -> Growth:
+        """The state after a device run of strong layers 1..``layers`` (``strong_run``)."""
+        with host_only():
+            expanded_nodes = {i for i, flag in enumerate(run.expanded.tolist()) if flag}
+        return cls(run.tree, run.frontier, run.expanded, set(), run.rows, list(range(1, layers + 1)),
+                   expanded_nodes=expanded_nodes)
 
     def sync(self) -> None:
         """Grow the side columns to the tree's size: views of buffers that double when full (no copy per layer)."""
@@ -148,9 +160,9 @@ class LayerLoop:
         self.index.sync(committed)
         if self.strong is not None:
             self.strong.start_step()
-        g = Growth.start(self.index.context[-1], roots=self.roots)
-        records = []
-        for layer in range(1, self.shape.depth + 1):
+        g, records = Growth.start(self.index.context[-1], roots=self.roots), []
+        layer = 1
+        while layer <= self.shape.depth:
             with host_only():
                 previewed = policy.previews(layer) and layer not in forced
                 proposal = self.propose_weak(g, layer) if previewed else None
@@ -158,6 +170,13 @@ class LayerLoop:
                 state = self.state(g, layer, costs, prompt_length, proposal, self.strong_lag(committed), history, window)
                 wanted = forced[layer] if layer in forced else policy.decide(state)
                 call = wanted and self.strong is not None and bool(window)
+            plan = self.run_plan(committed, policy) if call and layer == 1 and not forced and not record else None
+            if plan is not None:
+                g = Growth.after_run(run_strong_layers(plan, self.strong, committed, self.index.context[-1],
+                                                       self.options.lookback, self.options.max_depth, self.roots), plan.layers)
+                records = [LayerRecord(called, True, False, None) for called in g.called]
+                layer = plan.layers + 1
+                continue
             if call:
                 self.strong_layer(g, layer, committed, window)
                 g.called.append(layer)
@@ -166,9 +185,22 @@ class LayerLoop:
                     self.weak_layer(g, layer, proposal)
             with host_only():
                 records.append(LayerRecord(layer, call, layer in forced, features(state) if record else None))
+            layer += 1
         with host_only():
             tree = policy.trim(cut_to_budget(g.tree, self.shape.budget), costs, self.shape.budget)
         return tree, records, g
+
+    def run_plan(self, committed: torch.Tensor, policy: CallPolicy) -> RunPlan | None:
+        """Once ``policy`` decided to call at layer 1: the device run of the layers it calls from there on whatever
+        the tree holds, when there is one worth running: two layers at least (one strong layer reads once either
+        way), a drafter that forwards device trees, committed tokens it lacks that hold the root, and counts that
+        do not depend on the data (``plan_run``)."""
+        if not self.options.device_layers or self.strong is None or not self.strong.takes_device_trees:
+            return None
+        layers = policy.planned_calls(self.shape.depth)
+        if layers < 2 or self.strong_lag(committed) < 1:
+            return None
+        return plan_run(layers, self.shape.top_k, self.pool, self.options.max_depth)
 
     def strong_lag(self, committed: torch.Tensor) -> int:
         """Committed tokens the strong drafter has yet to forward (the whole prompt before its first call)."""
@@ -354,7 +386,7 @@ def needed_nodes(
 ) -> list[int]:  # all [num_nodes] but window: the window's nodes, ascending
     """Nodes a strong call forwards, ascending: every unforwarded node with children (they need rescoring)
     and the best ``pool`` window nodes without a row (the root's row comes with the pending committed tokens)."""
-    wanted = set(parents[1:]) | set(best_nodes(scores, window, pool))
+    wanted = set(parents[1:]) | set(best_nodes(scores, [i for i in window if rows[i] < 0], pool))
     return [i for i in range(1, len(parents)) if rows[i] < 0 and i in wanted]
 
 

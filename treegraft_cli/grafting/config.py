@@ -40,6 +40,9 @@ class TreeGraftConfig:
     - trim: the step rule verifies only the nodes whose calibrated reach pays for their share of the
       verification (``StepRule.trim``); false: every node of the cut tree.
     - chain_length: tokens per chain of the ``ngram`` baseline.
+    - device_layers: strong layers the policy calls from layer 1 on whatever the tree holds (``all-mid``,
+      ``fixed:1,2``) run on the strong drafter's device and are read back once (``grafting.strong_run``); false:
+      each strong layer reads its lookup back.
     - min_margin: a distilled scheduler calls only where its predicted margin over not calling exceeds this
       many tokens (0: wherever it is positive); a margin for the value system's error.
     - scheduler: a distilled scheduler artifact (``treegraft distill``); with no ``policy`` given,
@@ -62,6 +65,7 @@ class TreeGraftConfig:
     chain_length: int = 10
     scheduler: str = ""
     min_margin: float = 0.0
+    device_layers: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", parse_layers(self.layers))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -203,6 +203,14 @@ def feature_vector(state: SchedulerState, feature_set: str = "paper") -> torch.T
     return torch.cat([base, torch.tensor([*history, math.log1p(state.strong_lag)], dtype=torch.float32)])
 
 
+def leading_layers(layers: Collection[int], num_layers: int, call_budget: int) -> int:
+    """How many of layers 1, 2, ... are in ``layers`` without a gap (at most ``num_layers`` and ``call_budget``)."""
+    leading = 0
+    while leading + 1 in layers and leading < min(num_layers, call_budget):
+        leading += 1
+    return leading
+
+
 class CallPolicy(ABC):
     """Decides call/skip per layer; at most ``call_budget`` calls per step, none without a grafting position."""
 
@@ -216,6 +224,12 @@ class CallPolicy(ABC):
     def previews(self, layer: int) -> bool:
         """Whether the layer loop should look up the weak chains before asking (``SchedulerState.weak``)."""
         return False
+
+    def planned_calls(self, num_layers: int) -> int:
+        """Asked once the policy decided to call at layer 1: how many layers from the first it calls whatever the
+        tree holds (0: later decisions read the state). The layer loop may run them on the strong drafter's device,
+        reading once (``grafting.strong_run``)."""
+        return 0
 
     def check_pair(self, pair: str) -> None:
         """Raise a ConfigError if the policy was made for another DRAFTER:TARGET pair (a distilled scheduler)."""
@@ -250,6 +264,9 @@ class AllMid(CallPolicy):
     def wants_call(self, state: SchedulerState) -> bool:
         return True
 
+    def planned_calls(self, num_layers: int) -> int:
+        return min(num_layers, self.call_budget)
+
 
 class FixedLayers(CallPolicy):
     name = "fixed"
@@ -260,6 +277,9 @@ class FixedLayers(CallPolicy):
 
     def wants_call(self, state: SchedulerState) -> bool:
         return state.layer in self.layers
+
+    def planned_calls(self, num_layers: int) -> int:
+        return leading_layers(self.layers, num_layers, self.call_budget)
 
 
 class MarginPolicy(CallPolicy):

@@ -85,6 +85,7 @@ from .policies import (
     expected_accepted,
     feature_vector,
     kind_one_hot,
+    leading_layers,
 )
 from .values import CATCH_UP_HORIZON, MAX_LAG
 
@@ -230,6 +231,10 @@ class StepRule(CallPolicy):
             self.catching_up = bool(self.choice.layers) and state.strong_lag > self.max_lag
             self.started = self.clock()
         return self.choice is not None and state.layer in self.choice.layers
+
+    def planned_calls(self, num_layers: int) -> int:
+        layers = self.choice.layers if self.choice is not None else ()
+        return leading_layers(layers, num_layers, self.call_budget)
 
     def choose(self, state: SchedulerState) -> StepKind:
         kinds = self.step_kinds(state.num_layers)

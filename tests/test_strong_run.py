@@ -1,0 +1,92 @@
+"""Strong layers run on the device from layer 1 on (``grafting.strong_run``): the same trees as the host layer
+loop, node for node and score for score, with one read for the whole run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import random_prompt, reference_greedy
+
+from treegraft_cli.config import DecodeConfig, TreeConfig
+from treegraft_cli.engine import SpeculativeDecoder
+from treegraft_cli.grafting.strong_run import plan_run
+from treegraft_cli.lm import CausalLM
+from treegraft_cli.scheduling.policies import AllMid, FixedLayers
+from treegraft_cli.tree import COLUMNS
+
+TREE = TreeConfig(budget=16, depth=4, top_k=4)
+NEW_TOKENS = 40
+
+
+def test_a_plan_counts_what_each_layer_forwards_and_grafts():
+    plan = plan_run(layers=4, width=4, pool=8, max_depth=10)
+    assert plan.forwarded == (0, 4, 8, 8)  # the pending tokens only, the root's K children, then the pool
+    assert plan.positions == (1, 4, 4, 4)
+    assert [plan.nodes_before(layer) for layer in (1, 2, 3, 4)] == [1, 5, 21, 37]
+    assert plan.capacity == 53
+
+
+@pytest.mark.parametrize(("layers", "width", "pool", "max_depth"), [
+    (3, 4, 3, 10),  # a pool below K: a layer could find fewer than K candidates
+    (3, 2, 5, 10),  # a pool above K·K: a layer could find fewer unforwarded nodes than it forwards
+    (4, 4, 8, 3),  # deeper than max_depth: children would leave the window
+])
+def test_a_run_whose_counts_depend_on_the_data_is_not_planned(layers, width, pool, max_depth):
+    assert plan_run(layers, width, pool, max_depth) is None
+    assert plan_run(2, width, max(pool, width), max(max_depth, 2)) is not None  # two layers from the root always are
+
+
+def test_policies_plan_the_layers_they_call_from_the_first_on():
+    assert AllMid(call_budget=5).planned_calls(4) == 4
+    assert AllMid(call_budget=2).planned_calls(4) == 2
+    assert FixedLayers(5, (1, 2, 4)).planned_calls(4) == 2
+    assert FixedLayers(5, (2, 3)).planned_calls(4) == 0
+
+
+def drafted(pair, method: str, prompt: torch.Tensor, **options) -> tuple[list[dict], list[int], list[int]]:
+    """Every tree the method drafted (its columns and ancestor mask), the output, and each step's reads."""
+    drafter, target = pair
+    config = DecodeConfig(method=method, tree=TREE, max_new_tokens=NEW_TOKENS, method_options=options)
+    decoder = SpeculativeDecoder(CausalLM(target.model), config, drafter=CausalLM(drafter.model))
+    trees = []
+    draft = decoder.method.draft
+
+    def recording(committed):
+        tree = draft(committed)
+        trees.append({**{name: getattr(tree, name).tolist() for name in COLUMNS}, "mask": tree.ancestor_mask().tolist()})
+        return tree
+
+    decoder.method.draft = recording
+    result = decoder.generate(prompt)
+    return trees, result.output_ids, [step.syncs for step in result.steps]
+
+
+@pytest.mark.parametrize(("method", "options"), [
+    ("all-mid", {}),
+    ("fixed:1,2", {}),  # a run, then weak layers on the host
+    ("fixed:1,2,3", {}),  # what the step rule's full steps call (its choices follow measured times: not repeatable)
+    ("all-mid", {"lookback": 1, "pool": 16}),  # a narrow window, a pool of K·K
+])
+@pytest.mark.parametrize("pair_name", ["tiny_self_pair", "tiny_pair"])
+def test_the_device_run_drafts_the_host_loops_trees_with_one_read(request, method, options, pair_name):
+    pair = request.getfixturevalue(pair_name)
+    prompt = torch.cat([random_prompt(5, length=12)] * 2)
+    on_host = drafted(pair, method, prompt, device_layers=False, **options)
+    on_device = drafted(pair, method, prompt, **options)
+    assert len(on_device[0]) == len(on_host[0]) > 3
+    for step, (device_tree, host_tree) in enumerate(zip(on_device[0], on_host[0], strict=True)):
+        assert device_tree == host_tree, f"step {step}"
+    assert on_device[1] == on_host[1] == reference_greedy(pair[1], prompt, NEW_TOKENS)
+    if method == "all-mid":  # four strong calls per step: four reads and the verdict's on the host, two here
+        assert set(on_host[2]) == {5} and set(on_device[2]) == {2}
+    else:
+        assert max(on_device[2]) == 2 and max(on_host[2]) >= 3
+
+
+def test_the_step_rules_strong_steps_read_twice(tiny_self_pair):
+    """Verification priced far above a strong call: the step rule takes full strong steps, each one run."""
+    prompt = torch.cat([random_prompt(6, length=12)] * 2)
+    trees, output, reads = drafted(tiny_self_pair, "treegraft", prompt, verify_ms=100.0, strong_ms=5.0)
+    full = [step for step, tree in enumerate(trees) if sum(origin == 1 for origin in tree["origins"]) > TREE.top_k]
+    assert full and max(reads) == 2
+    assert output == reference_greedy(tiny_self_pair[1], prompt, NEW_TOKENS)

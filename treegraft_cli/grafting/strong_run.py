@@ -1,0 +1,132 @@
+"""A run of strong layers from a step's start, on the strong drafter's device, read by the host once.
+
+``LayerLoop.strong_layer`` reads each call's lookup back (one synchronisation per call) because the host decides
+what the next layer forwards. When the policy calls at layers 1..r whatever the tree holds
+(``CallPolicy.planned_calls``: ``all-mid``, ``fixed`` with layers from 1 on), none of those answers is needed
+in between: growing from the root alone, a strong layer never merges (its grafting positions have no children
+yet, and a position's top-K tokens are distinct) and every node's parent has a row, so every count the host
+would read is known beforehand (``plan_run``):
+
+- layer 1 forwards the pending committed tokens only (the root's row) and grafts K children under the root;
+- layer 2 forwards those K children, reselects all K and grafts K children under each;
+- every later layer forwards the ``pool`` best unforwarded nodes of its window (the K·K children the layer
+  before added lie there, so there are at least ``pool`` when ``pool`` ≤ K·K) and grafts K children under each
+  of its K positions.
+
+``run_strong_layers`` does what ``strong_layer`` does layer by layer — the same forwards, positions, children,
+scores and node order — as tensor ops on the device, then reads the tree and the side columns to the host in one
+``fetch``. One step of ``strong_layer`` is left out because it changes nothing here: rescoring. Every node of a
+run was grafted by the strong drafter with its parent's score plus its own log-prob in the parent's row (a
+value of that row's top-K), which is what rescoring would sum again, in the same float32 order. The layers after
+the run continue on the host (``LayerLoop.build``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..drafters import TreeDrafter
+from ..syncs import fetch, host_only
+from ..tree import ORIGIN_MODEL, DraftTree, RootTrees
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Per called layer of the run: how many nodes it forwards and how many grafting positions it picks."""
+
+    forwarded: tuple[int, ...]  # [r]
+    positions: tuple[int, ...]  # [r]
+    width: int  # K: children per position
+
+    @property
+    def layers(self) -> int:
+        return len(self.forwarded)
+
+    def nodes_before(self, layer: int) -> int:
+        """Nodes (root included) when ``layer`` (1-based) starts."""
+        return 1 + self.width * sum(self.positions[: layer - 1])
+
+    @property
+    def capacity(self) -> int:
+        return self.nodes_before(self.layers + 1)
+
+
+def plan_run(layers: int, width: int, pool: int, max_depth: int) -> RunPlan | None:
+    """The counts of strong layers 1..``layers`` grown from the root, or None when the data could change them: a
+    pool smaller than K (a layer could find fewer than K candidates) or larger than K·K (a layer could find fewer
+    than ``pool`` unforwarded nodes), or a run deeper than ``max_depth`` (children would leave the window)."""
+    if layers < 1 or layers > max_depth or pool < width or (layers >= 3 and pool > width * width):
+        return None
+    forwarded = (0, width, *([pool] * (layers - 2)))[:layers]
+    return RunPlan(forwarded, (1, *([width] * (layers - 1))), width)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The run's tree and side columns on the host (``Growth``'s)."""
+
+    tree: DraftTree  # a host tree
+    rows: torch.Tensor  # [num_nodes] long: each node's strong log-prob row, -1 if never forwarded
+    expanded: torch.Tensor  # [num_nodes] bool: the strong drafter grafted this node's children
+    frontier: torch.Tensor  # [K] the last layer's K best children
+
+
+def run_strong_layers(
+    plan: RunPlan,
+    strong: TreeDrafter,
+    committed: torch.Tensor,  # [L] root last
+    root_token: int,
+    lookback: int,
+    max_depth: int,
+    roots: RootTrees,
+) -> RunResult:
+    """Strong layers 1..``plan.layers`` of one step on ``strong``'s device; one read at the end."""
+    device, k, capacity = strong.device, plan.width, plan.capacity
+    tree = roots.tree(root_token, device, capacity=capacity)
+    # the side columns in one block, read with the tree: rows (-1: never forwarded), expanded (1) or not (-1),
+    # and the frontier
+    side = torch.full((2 * capacity + k,), -1, dtype=torch.long, device=device)
+    rows, expanded = side[:capacity], side[capacity : 2 * capacity]
+    for layer in range(1, plan.layers + 1):
+        n, lowest = plan.nodes_before(layer), max(0, layer - lookback)
+        # ``graft_window``: no node of a run is deeper than layer - 1 (the plan keeps max_depth above the run)
+        window = expanded[:n] < 0  # [n] bool
+        if lowest:
+            window &= tree.depths >= lowest
+        nodes = rows[:0]
+        if plan.forwarded[layer - 1]:
+            unforwarded = window & (rows[:n] < 0)
+            nodes = best(tree.scores, unforwarded, plan.forwarded[layer - 1]).sort().values
+        strong.forward(committed, tree, nodes, rows, tree.ancestor_mask())
+        candidates = window & (rows[:n] >= 0)
+        scores = tree.scores  # already the strong drafter's: see the module docstring
+        positions = best(scores, candidates, plan.positions[layer - 1])  # [p] best first
+        top_logp, top_tokens = strong.logp_rows.top(rows.index_select(0, positions), k)  # [p, K] twice
+        child_scores = (top_logp + scores[positions, None]).view(-1)  # [p·K]
+        tree.append(positions.repeat_interleave(k), top_tokens.view(-1), child_scores, ORIGIN_MODEL)
+        expanded.index_fill_(0, positions, 1)
+    last = plan.nodes_before(plan.layers)  # the last layer's children: their K best are the frontier
+    torch.add(best(tree.scores[last:], None, k), last, out=side[2 * capacity :])
+    return _to_host(tree, side)
+
+
+def best(
+    scores: torch.Tensor,  # [n] float32
+    allowed: torch.Tensor | None,  # [n] bool; None: every node
+    k: int,
+) -> torch.Tensor:  # [k]
+    """``builder.best_nodes`` on the device: ``k`` allowed nodes, best score first, ties to the lower index. The
+    plan guarantees at least ``k`` allowed nodes, all with finite scores."""
+    masked = scores if allowed is None else torch.where(allowed, scores, float("-inf"))
+    return torch.sort(masked, descending=True, stable=True).indices[:k]
+
+
+def _to_host(tree: DraftTree, side: torch.Tensor) -> RunResult:  # side: [2 · capacity + K]
+    """The tree and side columns as host tensors: one read."""
+    n, capacity = tree.num_nodes, tree.parts()[0].shape[1]
+    *parts, side = fetch(*tree.parts(), side)
+    with host_only():
+        host_tree = DraftTree.from_parts(tuple(parts), n, host=True)
+        return RunResult(host_tree, side[:n], side[capacity : capacity + n] > 0, side[2 * capacity :])
