@@ -19,8 +19,10 @@ NEW_TOKENS = 40
 
 
 def test_a_plan_counts_what_each_layer_forwards_and_grafts():
-    plan = plan_run(layers=4, width=4, pool=8, max_depth=10)
-    assert plan.forwarded == (0, 4, 8, 8)  # the pending tokens only, the root's K children, then the pool
+    plan = plan_run(layers=4, width=4, pool=8, max_depth=10, num_layers=4)
+    # the pending tokens only, the root's K children, then the pool, and K at the step's last layer
+    assert plan.forwarded == (0, 4, 8, 4)
+    assert plan_run(layers=3, width=4, pool=8, max_depth=10, num_layers=4).forwarded == (0, 4, 8)
     assert plan.positions == (1, 4, 4, 4)
     assert [plan.nodes_before(layer) for layer in (1, 2, 3, 4)] == [1, 5, 21, 37]
     assert plan.capacity == 53
@@ -32,8 +34,8 @@ def test_a_plan_counts_what_each_layer_forwards_and_grafts():
     (4, 4, 8, 3),  # deeper than max_depth: children would leave the window
 ])
 def test_a_run_whose_counts_depend_on_the_data_is_not_planned(layers, width, pool, max_depth):
-    assert plan_run(layers, width, pool, max_depth) is None
-    assert plan_run(2, width, max(pool, width), max(max_depth, 2)) is not None  # two layers from the root always are
+    assert plan_run(layers, width, pool, max_depth, 4) is None
+    assert plan_run(2, width, max(pool, width), max(max_depth, 2), 4) is not None  # two layers from the root always are
 
 
 def test_policies_plan_the_layers_they_call_from_the_first_on():

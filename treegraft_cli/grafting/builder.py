@@ -13,7 +13,7 @@ policy that ``previews`` a layer sees those scores before deciding (``SchedulerS
 lookup is done once and reused when the layer skips.
 
 Call: one strong forward over the tree — every unforwarded node that has children (their children need
-rescoring) and the best ``pool`` unforwarded grafting candidates (an EAGLE-3 head needs one forward per
+rescoring) and the best ``pool`` unforwarded grafting candidates (K at the last layer; an EAGLE-3 head needs one forward per
 tree depth, see ``drafters.strong_eagle3``) — then every node is rescored with the strong drafter's
 log-probs, the K best grafting positions in the lookback window are reselected (possibly shallower than
 the frontier), and each gets its top-K children. Existing children are merged and take
@@ -143,6 +143,11 @@ class LayerLoop:
     def pool(self) -> int:
         return self.options.pool or 2 * self.shape.top_k
 
+    def pool_at(self, layer: int) -> int:
+        """Unforwarded candidates a call at ``layer`` forwards: ``pool``, or at most K at the last layer, where no
+        later call could graft under the others (the K best are enough for this layer's reselection)."""
+        return min(self.pool, self.shape.top_k) if layer == self.shape.depth else self.pool
+
     def build(
         self,
         committed: torch.Tensor,  # [L] root last
@@ -200,7 +205,7 @@ class LayerLoop:
         layers = policy.planned_calls(self.shape.depth)
         if layers < 2 or self.strong_lag(committed) < 1:
             return None
-        return plan_run(layers, self.shape.top_k, self.pool, self.options.max_depth)
+        return plan_run(layers, self.shape.top_k, self.pool, self.options.max_depth, self.shape.depth)
 
     def strong_lag(self, committed: torch.Tensor) -> int:
         """Committed tokens the strong drafter has yet to forward (the whole prompt before its first call)."""
@@ -322,7 +327,7 @@ class LayerLoop:
         with host_only():
             in_window = self.window_nodes(g, layer) if window is None else window
             parents, tokens, scores = tree.listed("parents"), tree.listed("tokens"), tree.host_list("scores")
-            nodes = needed_nodes(parents, scores, g.rows.tolist(), in_window, self.pool)
+            nodes = needed_nodes(parents, scores, g.rows.tolist(), in_window, self.pool_at(layer))
         self.strong.forward(committed, tree, longs(nodes), g.rows, tree.ancestor_mask())
         with host_only():
             rows = g.rows.tolist()
