@@ -13,8 +13,9 @@ policy that ``previews`` a layer sees those scores before deciding (``SchedulerS
 lookup is done once and reused when the layer skips.
 
 Call: one strong forward over the tree — every unforwarded node that has children (their children need
-rescoring) and the best ``pool`` unforwarded grafting candidates (K at the last layer; an EAGLE-3 head needs one forward per
-tree depth, see ``drafters.strong_eagle3``) — then every node is rescored with the strong drafter's
+rescoring) and the best ``pool`` unforwarded grafting candidates (an EAGLE-3 head needs one forward per
+tree depth, see ``drafters.strong_eagle3``; K of them when the K best are all the reselection can pick, see
+``LayerLoop.pool_at``) — then every node is rescored with the strong drafter's
 log-probs, the K best grafting positions in the lookback window are reselected (possibly shallower than
 the frontier), and each gets its top-K children. Existing children are merged and take
 the strong score; nothing is deleted. The new children's K best are the next frontier.
@@ -62,6 +63,7 @@ class Growth:
     weak_expansions: int = 0
     spare: dict[str, torch.Tensor] = field(default_factory=dict)  # buffers the side columns are views of
     expanded_nodes: set[int] = field(default_factory=set)  # where ``expanded`` is set, on the host
+    weak_chains: bool = False  # a weak layer hung n-gram chains (scores a strong call rescores)
 
     @classmethod
     def start(cls, root_token: int, device: torch.device = HOST, roots: RootTrees | None = None) -> Growth:
@@ -143,10 +145,14 @@ class LayerLoop:
     def pool(self) -> int:
         return self.options.pool or 2 * self.shape.top_k
 
-    def pool_at(self, layer: int) -> int:
-        """Unforwarded candidates a call at ``layer`` forwards: ``pool``, or at most K at the last layer, where no
-        later call could graft under the others (the K best are enough for this layer's reselection)."""
-        return min(self.pool, self.shape.top_k) if layer == self.shape.depth else self.pool
+    def pool_at(self, g: Growth) -> int:
+        """Unforwarded candidates the next call forwards: ``pool``, or K while the tree holds no n-gram chain.
+
+        The reselection picks the K best candidates by their rescored scores. Without n-gram chains rescoring
+        changes no score (every node already holds its strong log-prob), so the K best unforwarded nodes are all
+        it can pick among them: more would be forwarded for nothing.
+        """
+        return self.pool if g.weak_chains else min(self.pool, self.shape.top_k)
 
     def build(
         self,
@@ -205,7 +211,7 @@ class LayerLoop:
         layers = policy.planned_calls(self.shape.depth)
         if layers < 2 or self.strong_lag(committed) < 1:
             return None
-        return plan_run(layers, self.shape.top_k, self.pool, self.options.max_depth, self.shape.depth)
+        return plan_run(layers, self.shape.top_k, self.pool, self.options.max_depth)
 
     def strong_lag(self, committed: torch.Tensor) -> int:
         """Committed tokens the strong drafter has yet to forward (the whole prompt before its first call)."""
@@ -261,6 +267,7 @@ class LayerLoop:
             return
         tree = g.tree
         heads = self.add_chains(tree, proposal)
+        g.weak_chains = True
         g.sync()
         full = set(proposal.full)
         allowed = sorted({head for head, parent in zip(heads, proposal.chain_parents, strict=True) if parent in full})
@@ -327,7 +334,7 @@ class LayerLoop:
         with host_only():
             in_window = self.window_nodes(g, layer) if window is None else window
             parents, tokens, scores = tree.listed("parents"), tree.listed("tokens"), tree.host_list("scores")
-            nodes = needed_nodes(parents, scores, g.rows.tolist(), in_window, self.pool_at(layer))
+            nodes = needed_nodes(parents, scores, g.rows.tolist(), in_window, self.pool_at(g))
         self.strong.forward(committed, tree, longs(nodes), g.rows, tree.ancestor_mask())
         with host_only():
             rows = g.rows.tolist()

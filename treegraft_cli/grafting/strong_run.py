@@ -8,10 +8,9 @@ yet, and a position's top-K tokens are distinct) and every node's parent has a r
 would read is known beforehand (``plan_run``):
 
 - layer 1 forwards the pending committed tokens only (the root's row) and grafts K children under the root;
-- layer 2 forwards those K children, reselects all K and grafts K children under each;
-- every later layer forwards the ``pool`` best unforwarded nodes of its window (the K·K children the layer
-  before added lie there, so there are at least ``pool`` when ``pool`` ≤ K·K; the step's last layer forwards
-  K) and grafts K children under each of its K positions.
+- every later layer forwards the K best unforwarded nodes of its window (``LayerLoop.pool_at``: a tree without
+  n-gram chains needs no more; the K·K children the layer before added lie there, the root's K at layer 2) and
+  grafts K children under each of its K positions.
 
 ``run_strong_layers`` does what ``strong_layer`` does layer by layer — the same forwards, positions, children,
 scores and node order — as tensor ops on the device, then reads the tree and the side columns to the host in one
@@ -53,17 +52,13 @@ class RunPlan:
         return self.nodes_before(self.layers + 1)
 
 
-def plan_run(layers: int, width: int, pool: int, max_depth: int, num_layers: int) -> RunPlan | None:
-    """The counts of strong layers 1..``layers`` (of ``num_layers``) grown from the root, or None when the data could
-    change them: a pool smaller than K (a layer could find fewer than K candidates) or larger than K·K (a layer
-    could find fewer than ``pool`` unforwarded nodes), or a run deeper than ``max_depth`` (children would leave
-    the window). The last of ``num_layers`` forwards K (``LayerLoop.pool_at``)."""
-    if layers < 1 or layers > max_depth or pool < width or (layers >= 3 and pool > width * width):
+def plan_run(layers: int, width: int, pool: int, max_depth: int) -> RunPlan | None:
+    """The counts of strong layers 1..``layers`` grown from the root, or None when the data could change them: a
+    pool smaller than K (a layer could find fewer than K candidates) or a run deeper than ``max_depth`` (children
+    would leave the window)."""
+    if layers < 1 or layers > max_depth or pool < width:
         return None
-    forwarded = [0, width, *([pool] * (layers - 2))][:layers]
-    if layers == num_layers and layers >= 2:
-        forwarded[-1] = width
-    return RunPlan(tuple(forwarded), (1, *([width] * (layers - 1))), width)
+    return RunPlan((0, *([width] * (layers - 1))), (1, *([width] * (layers - 1))), width)
 
 
 @dataclass(frozen=True)
