@@ -33,7 +33,8 @@ class TreeGraftConfig:
     - lookback: depths (counted back from the layer's parent depth) in which a strong call may
       reselect grafting positions.
     - max_depth: no node deeper (n-gram chains run ahead of the layer loop).
-    - pool: unforwarded leaves the strong call forwards as grafting candidates (0: 2·K).
+    - pool: unforwarded leaves the strong call forwards as grafting candidates once the tree holds n-gram
+      chains (0: 2·K); before that K are all a call can pick (``LayerLoop.pool_at``).
     - hit_rate: the rules' prior on the share of a position's probability mass the strong drafter's
       top-K children capture.
     - verify_ms / strong_ms: measured costs (0: measure at warm-up when the policy needs them).
