@@ -2,10 +2,10 @@
 
 ``LayerLoop.strong_layer`` reads each call's lookup back (one synchronisation per call) because the host decides
 what the next layer forwards. When the policy calls at layers 1..r whatever the tree holds
-(``CallPolicy.planned_calls``: ``all-mid``, ``fixed`` with layers from 1 on), none of those answers is needed
-in between: growing from the root alone, a strong layer never merges (its grafting positions have no children
-yet, and a position's top-K tokens are distinct) and every node's parent has a row, so every count the host
-would read is known beforehand (``plan_run``):
+(``CallPolicy.planned_calls``: ``all-mid``, the step rule's strong steps, ``fixed`` with layers from 1 on), none
+of those answers is needed in between: growing from the root alone, a strong layer never merges (its grafting
+positions have no children yet, and a position's top-K tokens are distinct) and every node's parent has a row,
+so every count the host would read is known beforehand (``plan_run``):
 
 - layer 1 forwards the pending committed tokens only (the root's row) and grafts K children under the root;
 - every later layer forwards the K best unforwarded nodes of its window (``LayerLoop.pool_at``: a tree without
