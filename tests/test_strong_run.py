@@ -20,8 +20,9 @@ NEW_TOKENS = 40
 
 def test_a_plan_counts_what_each_layer_forwards_and_grafts():
     plan = plan_run(layers=4, width=4, pool=8, max_depth=10)
-    assert plan.forwarded == (0, 4, 4, 4)  # the pending tokens only (the root's row), then the K best unforwarded
-    assert plan.positions == (1, 4, 4, 4)
+    layers = range(1, 5)
+    assert [plan.forwarded(layer) for layer in layers] == [0, 4, 4, 4]  # the pending tokens only, then the K best
+    assert [plan.positions(layer) for layer in layers] == [1, 4, 4, 4]
     assert [plan.nodes_before(layer) for layer in (1, 2, 3, 4)] == [1, 5, 21, 37]
     assert plan.capacity == 53
 

@@ -33,19 +33,22 @@ from ..tree import ORIGIN_MODEL, DraftTree, RootTrees
 
 @dataclass(frozen=True)
 class RunPlan:
-    """Per called layer of the run: how many nodes it forwards and how many grafting positions it picks."""
+    """Strong layers 1..``layers`` grown from the root: what each forwards and how many positions it picks."""
 
-    forwarded: tuple[int, ...]  # [r]
-    positions: tuple[int, ...]  # [r]
-    width: int  # K: children per position
+    layers: int
+    width: int  # K
 
-    @property
-    def layers(self) -> int:
-        return len(self.forwarded)
+    def forwarded(self, layer: int) -> int:
+        """Nodes ``layer`` forwards: none at layer 1 (the pending tokens give the root's row), then K."""
+        return 0 if layer == 1 else self.width
+
+    def positions(self, layer: int) -> int:
+        """Grafting positions ``layer`` picks: the root at layer 1, then K."""
+        return 1 if layer == 1 else self.width
 
     def nodes_before(self, layer: int) -> int:
         """Nodes (root included) when ``layer`` (1-based) starts."""
-        return 1 + self.width * sum(self.positions[: layer - 1])
+        return 1 + self.width * sum(self.positions(earlier) for earlier in range(1, layer))
 
     @property
     def capacity(self) -> int:
@@ -53,12 +56,12 @@ class RunPlan:
 
 
 def plan_run(layers: int, width: int, pool: int, max_depth: int) -> RunPlan | None:
-    """The counts of strong layers 1..``layers`` grown from the root, or None when the data could change them: a
+    """The plan of strong layers 1..``layers`` grown from the root, or None when the data could change its counts: a
     pool smaller than K (a layer could find fewer than K candidates) or a run deeper than ``max_depth`` (children
     would leave the window)."""
     if layers < 1 or layers > max_depth or pool < width:
         return None
-    return RunPlan((0, *([width] * (layers - 1))), (1, *([width] * (layers - 1))), width)
+    return RunPlan(layers, width)
 
 
 @dataclass(frozen=True)
@@ -94,13 +97,13 @@ def run_strong_layers(
         if lowest:
             window &= tree.depths >= lowest
         nodes = rows[:0]
-        if plan.forwarded[layer - 1]:
+        if plan.forwarded(layer):
             unforwarded = window & (rows[:n] < 0)
-            nodes = best(tree.scores, unforwarded, plan.forwarded[layer - 1]).sort().values
+            nodes = best(tree.scores, unforwarded, plan.forwarded(layer)).sort().values
         strong.forward(committed, tree, nodes, rows, tree.ancestor_mask())
         candidates = window & (rows[:n] >= 0)
         scores = tree.scores  # already the strong drafter's: see the module docstring
-        positions = best(scores, candidates, plan.positions[layer - 1])  # [p] best first
+        positions = best(scores, candidates, plan.positions(layer))  # [p] best first
         top_logp, top_tokens = strong.logp_rows.top(rows.index_select(0, positions), k)  # [p, K] twice
         child_scores = (top_logp + scores[positions, None]).view(-1)  # [p·K]
         tree.append(positions.repeat_interleave(k), top_tokens.view(-1), child_scores, ORIGIN_MODEL)
@@ -123,8 +126,9 @@ def best(
 
 def _to_host(tree: DraftTree, side: torch.Tensor) -> RunResult:  # side: [2 · capacity + K]
     """The tree and side columns as host tensors: one read."""
-    n, capacity = tree.num_nodes, tree.parts()[0].shape[1]
-    *parts, side = fetch(*tree.parts(), side)
+    parts = tree.parts()
+    n, capacity = tree.num_nodes, parts[0].shape[1]
+    *parts, side = fetch(*parts, side)
     with host_only():
         host_tree = DraftTree.from_parts(tuple(parts), n, host=True)
         return RunResult(host_tree, side[:n], side[capacity : capacity + n] > 0, side[2 * capacity :])
