@@ -83,13 +83,13 @@ class DraftTree:
         """A tree holding the root only; ``root_token`` may be a one-element tensor (no read). ``parts``: fresh
         buffers of a root-only tree of this capacity (``RootTrees``), else they are allocated here."""
         device = device if isinstance(device, torch.device) else torch.device(device)
-        parts = parts if parts is not None else _fresh(device, capacity or INITIAL_CAPACITY)
-        tokens = parts[0][0]  # the int64 block's first row
+        tree = cls.from_parts(parts if parts is not None else _fresh(device, capacity or INITIAL_CAPACITY), 1, host)
+        tokens = tree.buffer("tokens")
         if isinstance(root_token, torch.Tensor):
             tokens[:1] = root_token.reshape(1)
         else:
             tokens[0] = int(root_token)
-        return cls.from_parts(parts, 1, host)
+        return tree
 
     def parts(self) -> tuple[torch.Tensor, ...]:
         """The tree's whole buffers: int64 columns ``[4, capacity]``, scores, origins, ancestor mask (``from_parts``):
