@@ -63,20 +63,16 @@ class TreeDrafter(ModelDrafter):
             return
         cache_length = self.lm.cache_length
         total = cache_length + p + m
-        tree.buffer("kv_slot").index_copy_(0, nodes, torch.arange(cache_length + p, total, device=tree.device))
-        mask = hide_all(p + m, total, self.lm.dtype, self.device)
-        if p:  # pending rows: the committed rows and the pending ones up to their own (causal)
-            mask[:p, : self.committed_length] = 0
-            mask[:p, cache_length : cache_length + p] = mask.new_full((p, p), torch.finfo(mask.dtype).min).triu(1)
-        # node rows see every committed row, pending ones included, and their own ancestors'
-        show_tree(mask[p:] if p else mask, tree, nodes, ancestor_mask, length)
-        depths = tree.buffer("depths").index_select(0, nodes) + (length - 1)
-        if p:
-            committed_positions = torch.arange(self.committed_length, length, device=self.device)
-            positions = torch.cat([committed_positions, on_device_of(depths, self.device)])
-            tokens = torch.cat([pending, on_device_of(tree.buffer("tokens").index_select(0, nodes), self.device)])
-        else:
-            positions, tokens = on_device_of(depths, self.device), on_device_of(tree.buffer("tokens").index_select(0, nodes), self.device)
+        if m:
+            mask = self._node_mask(tree, nodes, ancestor_mask, length, p, total)
+            tokens = on_device_of(tree.buffer("tokens").index_select(0, nodes), self.device)
+            positions = on_device_of(tree.buffer("depths").index_select(0, nodes) + (length - 1), self.device)
+            if p:
+                tokens = torch.cat([pending, tokens])
+                positions = torch.cat([torch.arange(self.committed_length, length, device=self.device), positions])
+        else:  # the pending tokens alone (a step's first call grafting under the root): a causal mask over them
+            mask, tokens = self._pending_mask(p, total), pending
+            positions = torch.arange(self.committed_length, length, device=self.device)
         kept = m + (1 if p else 0)  # the root's row (last pending) and the nodes': never the prompt's
         logits = self.lm.forward(tokens, positions, logits_to_keep=kept, mask=mask)
         self.calls += 1
@@ -86,4 +82,37 @@ class TreeDrafter(ModelDrafter):
             self.root_length = length
         first = self.logp_rows.append(logits) + (1 if p else 0)  # the nodes' first row
         rows[0] = 0
-        rows.index_copy_(0, nodes, torch.arange(first, first + m, device=rows.device))
+        if m:
+            rows.index_copy_(0, nodes, torch.arange(first, first + m, device=rows.device))
+
+    def _pending_mask(self, p: int, total: int) -> torch.Tensor:  # -> [p, total] additive
+        """The pending committed tokens' rows: the committed rows, the cache rows of this step hidden (none at a
+        step's first call), and the pending ones up to their own (causal)."""
+        cache_length = self.lm.cache_length
+        mask = torch.full((p, total), torch.finfo(self.lm.dtype).min, dtype=self.lm.dtype, device=self.device)
+        mask.triu_(cache_length + 1)  # pending row i sits at cache row cache_length + i and sees every row up to it
+        if self.committed_length < cache_length:
+            mask[:, self.committed_length : cache_length] = torch.finfo(self.lm.dtype).min
+        return mask
+
+    def _node_mask(
+        self,
+        tree: DraftTree,
+        nodes: torch.Tensor,  # [m] node indices, their cache rows to be written at cache_length + p ..
+        ancestor_mask: torch.Tensor,  # [num_nodes, num_nodes]
+        length: int,  # committed tokens, pending ones included
+        p: int,  # pending committed tokens forwarded first
+        total: int,  # cache rows after the forward
+    ) -> torch.Tensor:  # [p + m, total] additive
+        """Record the nodes' cache rows; the mask of the pending rows (``_pending_mask``) and the nodes' rows, which
+        see every committed row, pending ones included, and their own ancestors'."""
+        m = nodes.shape[0]
+        start = self.lm.cache_length + p
+        tree.buffer("kv_slot").index_copy_(0, nodes, torch.arange(start, start + m, device=tree.device))
+        if not p:
+            mask = hide_all(m, total, self.lm.dtype, self.device)
+            show_tree(mask, tree, nodes, ancestor_mask, length)
+            return mask
+        mask = torch.cat([self._pending_mask(p, total), hide_all(m, total, self.lm.dtype, self.device)])
+        show_tree(mask[p:], tree, nodes, ancestor_mask, length)
+        return mask

@@ -83,30 +83,37 @@ def run_strong_layers(
     max_depth: int,
     roots: RootTrees,
 ) -> RunResult:
-    """Strong layers 1..``plan.layers`` of one step on ``strong``'s device; one read at the end."""
+    """Strong layers 1..``plan.layers`` of one step on ``strong``'s device; one read at the end.
+
+    In a run a layer's grafting positions are exactly the nodes it forwarded, best first: every node forwarded
+    earlier was expanded by its own layer, so the forwarded-and-unexpanded candidates of a layer are the K it just
+    forwarded. One sort of the open nodes' scores (window nodes not yet expanded) therefore picks both.
+    """
     device, k, capacity = strong.device, plan.width, plan.capacity
     tree = roots.tree(root_token, device, capacity=capacity)
     # the side columns in one block, read with the tree: rows (-1: never forwarded), expanded (1) or not (-1),
     # and the frontier
     side = torch.full((2 * capacity + k,), -1, dtype=torch.long, device=device)
     rows, expanded = side[:capacity], side[capacity : 2 * capacity]
+    open_scores = torch.full((capacity,), float("-inf"), device=device)  # [capacity] -inf: expanded or never written
+    spread = torch.arange(k, device=device).repeat_interleave(k)  # [K·K] each position once per child
+    positions, position_scores = side[:1].new_zeros(1), tree.scores[:1]  # layer 1 grafts under the root
+    strong.forward(committed, tree, rows[:0], rows, tree.ancestor_mask())  # the pending tokens: the root's row
     for layer in range(1, plan.layers + 1):
-        n, lowest = plan.nodes_before(layer), max(0, layer - lookback)
-        # ``graft_window``: no node of a run is deeper than layer - 1 (the plan keeps max_depth above the run)
-        window = expanded[:n] < 0  # [n] bool
-        if lowest:
-            window &= tree.depths >= lowest
-        nodes = rows[:0]
-        if plan.forwarded(layer):
-            unforwarded = window & (rows[:n] < 0)
-            nodes = best(tree.scores, unforwarded, plan.forwarded(layer)).sort().values
-        strong.forward(committed, tree, nodes, rows, tree.ancestor_mask())
-        candidates = window & (rows[:n] >= 0)
-        scores = tree.scores  # already the strong drafter's: see the module docstring
-        positions = best(scores, candidates, plan.positions(layer))  # [p] best first
+        if layer > 1:
+            n, lowest = plan.nodes_before(layer), max(0, layer - lookback)
+            # ``graft_window``: no node of a run is deeper than layer - 1 (the plan keeps max_depth above the run)
+            window = open_scores[:n] if not lowest else torch.where(tree.depths >= lowest, open_scores[:n], float("-inf"))
+            ranked = torch.sort(window, descending=True, stable=True)  # ties to the lower index, as ``best``
+            positions, position_scores = ranked.indices[:k], ranked.values[:k]
+            strong.forward(committed, tree, positions.sort().values, rows, tree.ancestor_mask())
         top_logp, top_tokens = strong.logp_rows.top(rows.index_select(0, positions), k)  # [p, K] twice
-        child_scores = (top_logp + scores[positions, None]).view(-1)  # [p·K]
-        tree.append(positions.repeat_interleave(k), top_tokens.view(-1), child_scores, ORIGIN_MODEL)
+        # the positions' scores are already the strong drafter's: see the module docstring
+        child_scores = (top_logp + position_scores[:, None]).view(-1)  # [p·K]
+        parents = positions if layer == 1 else positions.index_select(0, spread)
+        first = tree.append(parents.expand(k) if layer == 1 else parents, top_tokens.view(-1), child_scores, ORIGIN_MODEL)
+        open_scores[first : first + child_scores.shape[0]] = child_scores
+        open_scores.index_fill_(0, positions, float("-inf"))
         expanded.index_fill_(0, positions, 1)
     last = plan.nodes_before(plan.layers)  # the last layer's children: their K best are the frontier
     torch.add(best(tree.scores[last:], None, k), last, out=side[2 * capacity :])
