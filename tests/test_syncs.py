@@ -78,9 +78,9 @@ CALLS_PER_STEP = {
     "adjacency": 250,
     "graft": 320,
     "all-small": 92,
-    "all-mid": 395,  # its strong layers run on the device: more tensor calls, less Python (faster, measured)
-    "fixed:1,3": 295,
-    "treegraft": 410,  # more slack: the step rule's choices follow measured times
+    "all-mid": 350,
+    "fixed:1,3": 275,
+    "treegraft": 380,  # more slack: the step rule's choices follow measured times
 }
 
 

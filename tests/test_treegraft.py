@@ -85,6 +85,25 @@ def test_all_mid_equals_dense_and_counts_calls(tiny_self_pair):
     assert all(step.drafter_calls["model"] == SMALL_TREE.depth for step in result.steps)
 
 
+@pytest.mark.parametrize(("method", "options", "kept"), [
+    ("all-mid", {}, False),  # every layer strong: no n-gram chain is ever scored
+    ("all-mid", {"call_budget": 2}, True),  # layers 3 and 4 are weak
+    ("fixed:1,3", {}, True),
+    ("treegraft", {}, True),  # the step rule previews the weak chains
+])
+def test_target_logprobs_are_kept_only_where_weak_layers_can_draft(tiny_self_pair, method, options, kept):
+    drafter, target = tiny_self_pair
+    prompt = torch.cat([random_prompt(4, length=12)] * 2)
+    config = DecodeConfig(method=method, tree=SMALL_TREE, max_new_tokens=NEW_TOKENS, method_options=options)
+    decoder = SpeculativeDecoder(CausalLM(target.model), config, drafter=CausalLM(drafter.model))
+    result = decoder.generate(prompt)
+    assert result.output_ids == reference_greedy(target, prompt, NEW_TOKENS)
+    assert (decoder.method.target_logp.values.shape[0] > prompt.numel()) == kept
+    decoder.method.probed = True  # what ``collect`` sets: its probes force weak layers under any policy
+    decoder.generate(prompt)
+    assert decoder.method.target_logp.values.shape[0] > prompt.numel()
+
+
 # -- the combine step ----------------------------------------------------------------------------------
 
 

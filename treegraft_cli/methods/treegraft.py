@@ -69,6 +69,7 @@ class TreeGraftMethod(Method):
         self.prompt_length = 0
         # this request's recent steps: measured for a policy that reads the extended features, and for ``collect``
         self.measure_history = self.policy.feature_set != "paper"
+        self.probed = False  # set by ``collect``: forced actions may draft weak layers under any policy
         self.history: StepHistory | None = None
         self.last_records: list[LayerRecord] = []
         self.weak_expansions = 0
@@ -106,11 +107,20 @@ class TreeGraftMethod(Method):
         self.history = StepHistory() if self.measure_history else None
         self.index.reset()
         self.index.extend(prefill.context())
-        _record_prefill(self.target_logp, prefill)
+        self.target_logp.reset()
+        if self.keeps_target_logp:
+            _record_prefill(self.target_logp, prefill)
         if self.strong is not None:
             self.strong.reset()
         if self.needs_costs:
             self.costs = self.measured_costs(prefill.prompt_ids)
+
+    @property
+    def keeps_target_logp(self) -> bool:
+        """Whether this request keeps the target log-probs that score n-gram chains: not when no step can draft weak
+        layers (``all-mid``: a prompt's rows over a 152k vocabulary and each step's readback cost more than the
+        step's host work)."""
+        return self.probed or self.policy.drafts_weak(self.config.tree.depth)
 
     def measured_costs(self, prompt_ids: torch.Tensor) -> CostModel:  # prompt_ids: [prompt_length]
         """The given costs, the rest timed once per set of models and tree shape (``Models.measurements``)."""
@@ -169,12 +179,13 @@ class TreeGraftMethod(Method):
         with host_only():
             self.index.extend(observation.new_tokens)
             # the root and the accepted nodes were verified on the committed prefix: their target rows are exact
-            if observation.host:
-                values, tokens = (t[: a + 1] for t in observation.host)
-            else:  # a caller that did not ask for the readback (a wrapper): read the rows now
-                values, tokens = (t[: a + 1] for t in fetch(*self.readback(tree, observation.verdict, observation.logits)))
-            root_position = observation.committed.shape[0] - a - 2
-            self.target_logp.append_top(root_position, values, tokens)
+            if self.keeps_target_logp:
+                if observation.host:
+                    values, tokens = (t[: a + 1] for t in observation.host)
+                else:  # a caller that did not ask for the readback (a wrapper): read the rows now
+                    values, tokens = (t[: a + 1] for t in fetch(*self.readback(tree, observation.verdict, observation.logits)))
+                root_position = observation.committed.shape[0] - a - 2
+                self.target_logp.append_top(root_position, values, tokens)
             # the target's token after each verified node: the next accepted node's, then the bonus
             verified = longs([0, *observation.accepted_nodes])
             self.policy.observe(tree, verified, longs(observation.new_tokens))

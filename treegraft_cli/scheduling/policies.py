@@ -231,6 +231,11 @@ class CallPolicy(ABC):
         reading once (``grafting.strong_run``)."""
         return 0
 
+    def drafts_weak(self, num_layers: int) -> bool:
+        """Whether a step may draft with the weak drafter (a skipped layer, a preview): only then does the method keep
+        the n-gram scores' target log-probs up to date."""
+        return True
+
     def check_pair(self, pair: str) -> None:
         """Raise a ConfigError if the policy was made for another DRAFTER:TARGET pair (a distilled scheduler)."""
 
@@ -267,6 +272,9 @@ class AllMid(CallPolicy):
     def planned_calls(self, num_layers: int) -> int:
         return min(num_layers, self.call_budget)
 
+    def drafts_weak(self, num_layers: int) -> bool:
+        return self.call_budget < num_layers
+
 
 class FixedLayers(CallPolicy):
     name = "fixed"
@@ -280,6 +288,9 @@ class FixedLayers(CallPolicy):
 
     def planned_calls(self, num_layers: int) -> int:
         return leading_layers(self.layers, num_layers, self.call_budget)
+
+    def drafts_weak(self, num_layers: int) -> bool:
+        return leading_layers(self.layers, num_layers, self.call_budget) < num_layers
 
 
 class MarginPolicy(CallPolicy):

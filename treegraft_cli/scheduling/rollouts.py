@@ -158,6 +158,7 @@ class ProbingMethod(Method):
         # per profile, so within one collection they carry no prompt identity the MLP could latch onto
         self.inner.costs = self.costs.cost_model(tree.budget, tree.top_k, COST_CONTEXT)
         self.inner.measure_history = True  # rows keep the history features whatever the policy reads
+        self.inner.probed = True  # probes force skipped layers: the n-gram scores are needed whatever the policy
         self.inner.start(prefill)
         self.step = 0
 
