@@ -110,8 +110,8 @@ def run_strong_layers(
         top_logp, top_tokens = strong.logp_rows.top(rows.index_select(0, positions), k)  # [p, K] twice
         # the positions' scores are already the strong drafter's: see the module docstring
         child_scores = (top_logp + position_scores[:, None]).view(-1)  # [p·K]
-        parents = positions if layer == 1 else positions.index_select(0, spread)
-        first = tree.append(parents.expand(k) if layer == 1 else parents, top_tokens.view(-1), child_scores, ORIGIN_MODEL)
+        parents = positions.expand(k) if layer == 1 else positions.index_select(0, spread)  # [p·K]
+        first = tree.append(parents, top_tokens.view(-1), child_scores, ORIGIN_MODEL)
         open_scores[first : first + child_scores.shape[0]] = child_scores
         open_scores.index_fill_(0, positions, float("-inf"))
         expanded.index_fill_(0, positions, 1)
