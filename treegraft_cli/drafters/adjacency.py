@@ -165,11 +165,11 @@ class AdjacencyTable:
         tokens = torch.zeros(size + 1, dtype=torch.long, device=device)
         tokens[:1] = tree.tokens[:1]
         node = torch.zeros(size + 1, dtype=torch.long, device=device)
+        node[1:] = template.fresh_all(device, n)  # every candidate new until it merges (``_resolve``)
         # scores by resolved node: the tree's nodes, then every candidate's own (a merged one's too)
         scores = torch.cat([tree.scores, tree.scores.new_empty(size)])  # [n + size]
         columns = template.level_columns(device)
         if n == 1:  # a bare root: nothing to merge into, every candidate is new
-            node[1:] = template.fresh_nodes(device) + n
             for _, slot, parent, rank, prior in columns:
                 tokens.index_copy_(0, slot, successors[tokens.index_select(0, parent), rank])
                 scores.index_copy_(0, slot, scores.index_select(0, parent) + prior)  # slot s holds node n + s - 1 = s
@@ -202,11 +202,11 @@ class AdjacencyTable:
     def _resolve(
         tree: DraftTree,
         tokens: torch.Tensor,  # [size + 1] filled here, slot 0 the root
-        node: torch.Tensor,  # [size + 1] filled here
+        node: torch.Tensor,  # [size + 1] each candidate's new node index; a merging one's replaced here
         scores: torch.Tensor,  # [n + size] existing nodes' scores (merges raise them), candidates' filled here
         successors: torch.Tensor,  # [vocab + 2, k]
         columns: tuple[tuple[torch.Tensor, ...], ...],  # ``RankTemplate.level_columns``
-        fresh_levels: tuple[tuple[torch.Tensor, torch.Tensor], ...],  # ``RankTemplate.fresh_levels``
+        fresh_levels: tuple[tuple[torch.Tensor, ...], ...],  # ``RankTemplate.fresh_levels``
         tree_depth: int,  # no node of ``tree`` is deeper
     ) -> None:
         """Depth by depth: each candidate's token, and the node it resolves to, merging into an existing child.
@@ -216,14 +216,14 @@ class AdjacencyTable:
         existing = (tree.parents * (1 << 32) + tree.tokens)[None, :]  # [1, n] keys (parent, token)
         indices = torch.arange(n, device=tree.device)
         levels = zip(columns, fresh_levels, strict=True)
-        for depth, ((_, slot, parent, rank, prior), (fresh, fresh_column)) in enumerate(levels, start=1):
-            parent_node = node.index_select(0, parent)
+        for depth, ((_, slot, parent, rank, prior), (fresh, fresh_column, fresh_parent)) in enumerate(levels, start=1):
+            # two depths past the tree's, every parent is new: its node index is known without a gather
+            parent_node = fresh_parent if depth > tree_depth + 1 else node.index_select(0, parent)
             token = successors[tokens.index_select(0, parent), rank]
             tokens.index_copy_(0, slot, token)
             score = scores.index_select(0, parent_node) + prior
             scores.index_copy_(0, fresh, score)
             if depth > tree_depth:
-                node.index_copy_(0, slot, fresh)
                 continue
             same = (parent_node * (1 << 32) + token)[:, None] == existing  # [l, n]; sentinel tokens match nothing
             resolved = torch.where(same, indices, fresh_column).amin(dim=1)  # the matching node, else the new one

@@ -108,13 +108,25 @@ class RankTemplate:
                              "fresh": torch.arange(self.size, device=device)}
         return cache[device]
 
-    def fresh_levels(self, device: torch.device, n: int) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+    def fresh_levels(self, device: torch.device, n: int) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...]:
         """Per depth, the node indices its candidates get when new in a tree of ``n`` nodes (``n`` + candidate
-        index), flat and as a column; memoised per device and tree size (a stage grafts on trees of one size)."""
+        index), flat and as a column, and the node index each one's parent gets when new (the root's children:
+        the root, 0); memoised per device and tree size (a stage grafts on trees of one size)."""
         cache = self.__dict__.setdefault("_fresh_levels", {})
         key = (device, n)
         if key not in cache:
-            cache[key] = tuple((level + n, (level + n)[:, None]) for level, *_ in self.level_columns(device))
+            cache[key] = tuple(
+                (level + n, (level + n)[:, None], torch.where(parent > 0, parent + (n - 1), 0))
+                for level, _, parent, *_ in self.level_columns(device)
+            )
+        return cache[key]
+
+    def fresh_all(self, device: torch.device, n: int) -> torch.Tensor:  # [S]
+        """Every candidate's node index when new in a tree of ``n`` nodes (``n`` + candidate index), memoised."""
+        cache = self.__dict__.setdefault("_fresh_all", {})
+        key = (device, n)
+        if key not in cache:
+            cache[key] = self.fresh_nodes(device) + n
         return cache[key]
 
     def parents_on(self, device: torch.device) -> torch.Tensor:  # [S]
