@@ -3,9 +3,10 @@ overwrites, and their cached top-k equals ``torch.topk`` of the rows."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from treegraft_cli.drafters.logp_rows import LogProbRows
+from treegraft_cli.drafters.logp_rows import LogProbRows, log_softmax_float32
 
 
 def reference(chunks: list[torch.Tensor]) -> torch.Tensor:  # -> [rows, vocab]
@@ -46,3 +47,13 @@ def test_floor_clamps_tokens_outside_a_draft_vocabulary():
     logits = torch.tensor([[0.0, float("-inf"), 1.0]])
     rows.append(logits)
     assert rows.view[0, 1] == -100.0 and torch.equal(rows.view[0, [0, 2]], torch.log_softmax(logits, -1)[0, [0, 2]])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_float32_log_softmax_is_the_fused_conversions_bit_for_bit(dtype):
+    logits = (torch.randn(5, 3000, generator=torch.Generator().manual_seed(0)) * 4).to(dtype)
+    expected = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+    out = torch.empty(8, 3000)
+    assert torch.equal(log_softmax_float32(logits), expected)
+    assert log_softmax_float32(logits, out=out[:5]).data_ptr() == out.data_ptr()
+    assert torch.equal(out[:5], expected)

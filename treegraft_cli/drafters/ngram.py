@@ -25,6 +25,7 @@ import torch
 from ..hostlists import longs
 from ..syncs import host_only, read
 from ..tree import float32
+from .logp_rows import log_softmax_float32
 
 
 class TargetLogProbCache:
@@ -47,7 +48,7 @@ class TargetLogProbCache:
 
     def top(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [m, vocab] -> 2 x [m, W]
         """The top-W log-probs and their tokens of each row, where the logits are (on the device)."""
-        logp = torch.log_softmax(logits if logits.dtype == torch.float32 else logits.float(), dim=-1)
+        logp = log_softmax_float32(logits)
         return torch.topk(logp, min(self.width, logp.shape[-1]), dim=-1)
 
     def append_top(self, start: int, values: torch.Tensor, tokens: torch.Tensor) -> None:  # host [m, W] each

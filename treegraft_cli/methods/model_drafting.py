@@ -8,6 +8,7 @@ import torch
 
 from ..config import DecodeConfig
 from ..drafters import make_model_drafter
+from ..drafters.logp_rows import log_softmax_float32
 from ..syncs import host_value
 from ..tree import ORIGIN_MODEL, DraftTree, RootTrees
 from ..verify import Verdict
@@ -15,8 +16,8 @@ from .base import Method, Models, Observation, register
 
 
 def log_probs(logits: torch.Tensor) -> torch.Tensor:  # [m, vocab] -> [m, vocab] float32
-    """Log-softmax in float32 (a float32 model's logits need no conversion call)."""
-    return torch.log_softmax(logits if logits.dtype == torch.float32 else logits.float(), dim=-1)
+    """Log-softmax in float32 (``log_softmax_float32``)."""
+    return log_softmax_float32(logits)
 
 
 def forwarded_prefix(slots: list[int], accepted: list[int]) -> int:  # slots: [num_nodes], accepted: root excluded
