@@ -96,9 +96,14 @@ def test_target_logprobs_are_kept_only_where_weak_layers_can_draft(tiny_self_pai
     prompt = torch.cat([random_prompt(4, length=12)] * 2)
     config = DecodeConfig(method=method, tree=SMALL_TREE, max_new_tokens=NEW_TOKENS, method_options=options)
     decoder = SpeculativeDecoder(CausalLM(target.model), config, drafter=CausalLM(drafter.model))
+    cache = decoder.method.target_logp
+    readbacks = []
+    top = cache.top
+    cache.top = lambda logits: readbacks.append(logits.shape[0]) or top(logits)
     result = decoder.generate(prompt)
     assert result.output_ids == reference_greedy(target, prompt, NEW_TOKENS)
-    assert (decoder.method.target_logp.values.shape[0] > prompt.numel()) == kept
+    assert (cache.values.shape[0] > prompt.numel()) == kept
+    assert bool(readbacks) == kept  # no target row is reduced for scores nobody reads
     decoder.method.probed = True  # what ``collect`` sets: its probes force weak layers under any policy
     decoder.generate(prompt)
     assert decoder.method.target_logp.values.shape[0] > prompt.numel()

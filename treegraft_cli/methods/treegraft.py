@@ -165,7 +165,9 @@ class TreeGraftMethod(Method):
 
     def readback(self, tree: DraftTree, verdict: Verdict, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The target's top-W log-probs at the root and the accepted nodes (rows along the path, at most its
-        depth + 1), read with the verdict for the n-gram scores."""
+        depth + 1), read with the verdict for the n-gram scores; nothing when no step drafts weak layers."""
+        if not self.keeps_target_logp:
+            return ()
         deepest = max(self.host_tree.listed("depths"))
         path = verdict.path[0, : deepest + 1].clamp(min=0)
         return self.target_logp.top(logits[path])
