@@ -107,9 +107,10 @@ class TreeGraftMethod(Method):
         self.history = StepHistory() if self.measure_history else None
         self.index.reset()
         self.index.extend(prefill.context())
-        self.target_logp.reset()
         if self.keeps_target_logp:
             _record_prefill(self.target_logp, prefill)
+        else:
+            self.target_logp.reset()
         if self.strong is not None:
             self.strong.reset()
         if self.needs_costs:

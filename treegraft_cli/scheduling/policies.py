@@ -273,7 +273,7 @@ class AllMid(CallPolicy):
         return min(num_layers, self.call_budget)
 
     def drafts_weak(self, num_layers: int) -> bool:
-        return self.call_budget < num_layers
+        return self.planned_calls(num_layers) < num_layers  # the layers it calls whatever the tree holds
 
 
 class FixedLayers(CallPolicy):
@@ -290,7 +290,7 @@ class FixedLayers(CallPolicy):
         return leading_layers(self.layers, num_layers, self.call_budget)
 
     def drafts_weak(self, num_layers: int) -> bool:
-        return leading_layers(self.layers, num_layers, self.call_budget) < num_layers
+        return self.planned_calls(num_layers) < num_layers  # the layers it calls whatever the tree holds
 
 
 class MarginPolicy(CallPolicy):
