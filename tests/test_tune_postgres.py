@@ -62,9 +62,11 @@ def tune_args(url: str, study: str, prompts: Path, out: Path, trials: int, token
 
 def test_two_workers_share_one_study(postgres, tmp_path, capsys, monkeypatch):
     url = postgres.url("two_workers")
-    prompts = prompts_file(tmp_path, 2)
+    # Trials of seconds each, so both workers are inside the study together even when one of them
+    # starts up (imports, model load, baseline) a second or two later than the other.
+    prompts = prompts_file(tmp_path, 4)
     logs = [tmp_path / f"worker{i}.log" for i in range(2)]
-    workers = [start_cli(tune_args(url, "s", prompts, tmp_path / f"w{i}.yaml", 3), log) for i, log in enumerate(logs)]
+    workers = [start_cli(tune_args(url, "s", prompts, tmp_path / f"w{i}.yaml", 3, tokens=128), log) for i, log in enumerate(logs)]
     results = [finish(w, log) for w, log in zip(workers, logs, strict=True)]
 
     study = optuna.load_study(study_name="s", storage=url)
@@ -110,6 +112,8 @@ def wait_mid_trial(storage: optuna.storages.RDBStorage, study: str, worker: subp
 
 def test_killed_worker_leaves_no_trial_running(postgres, tmp_path):
     url = postgres.url("killed_worker")
+    # Trials of seconds each, so both workers are inside the study together even when one of them
+    # starts up (imports, model load, baseline) a second or two later than the other.
     prompts = prompts_file(tmp_path, 4)
     storage = optuna.storages.RDBStorage(url)
     worker = start_cli(tune_args(url, "k", prompts, tmp_path / "k.yaml", 20, tokens=32), tmp_path / "killed.log")
