@@ -3,9 +3,11 @@ synchronising torch call agrees with it) and stays within each method's limit.""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
-from conftest import random_prompt, speculative
+from conftest import random_prompt, reference_greedy, speculative
 
 from treegraft_cli.config import DecodeConfig, TreeConfig
 from treegraft_cli.engine import Generation, SpeculativeDecoder
@@ -98,6 +100,26 @@ def test_torch_calls_per_step_stay_within_the_bound(tiny_self_pair, method):
     per_step = auditor.torch_calls / len(generation.steps)
     assert per_step <= CALLS_PER_STEP[method], f"{method}: {per_step:.1f} torch calls per step"
 
+
+
+@pytest.mark.parametrize("method", ["dense", "treegraft"])
+def test_decoding_runs_in_inference_mode_whatever_the_callers_mode(tiny_self_pair, method):
+    """Every step runs in inference mode (each small op of the step is cheaper on the host); a caller with grad
+    on, under ``no_grad`` or already in inference mode gets the same tokens and keeps its own modes."""
+    drafter, target = tiny_self_pair
+    config = DecodeConfig(method=method, tree=TREE, max_new_tokens=24, method_options=_options(method))
+    decoder = SpeculativeDecoder(CausalLM(target.model), config, drafter=CausalLM(drafter.model),
+                                 eos_token_ids=target.eos_token_ids)
+    prompt = repetitive_prompt(5)
+    modes_in_steps, outputs = [], []
+    for context in (contextlib.nullcontext, torch.no_grad, torch.inference_mode):
+        with context():
+            before = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+            generation = decoder.generate(prompt, on_step=lambda _: modes_in_steps.append(torch.is_inference_mode_enabled()))
+            assert (torch.is_grad_enabled(), torch.is_inference_mode_enabled()) == before
+        outputs.append(generation.output_ids)
+    assert modes_in_steps and all(modes_in_steps)
+    assert outputs[0] == outputs[1] == outputs[2] == reference_greedy(target, prompt, 24)
 
 def test_auditor_sees_what_the_counter_misses():
     x = torch.arange(6)

@@ -168,7 +168,7 @@ class SpeculativeDecoder:
             logits, tokens, parents, uniforms, sampling.temperature, sampling.top_k, sampling.top_p, **extra
         )
 
-    @inference  # once per request: the model forwards inside pay no grad-mode switch each
+    @inference  # once per request: the forwards and tensor ops inside pay no mode switch each
     def generate(
         self,
         prompt_ids: torch.Tensor,  # [prompt_length]

@@ -47,14 +47,20 @@ def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  #
 
 
 def inference(method: Callable) -> Callable:
-    """``torch.no_grad()`` that only switches when grad mode is on: a decoding loop already running without
-    grad (``SpeculativeDecoder.generate``) pays no mode switch per forward."""
+    """``torch.inference_mode()`` that only switches when it is off: a decoding loop already running in it
+    (``SpeculativeDecoder.generate``) pays no mode switch per forward.
+
+    Inference mode rather than ``no_grad``: tensors made in it carry no version counter and no autograd
+    metadata, which makes every small op of a decoding step cheaper on the host (about a quarter per op on
+    a CPU). Tensors made in it cannot be written in place outside it, so whatever keeps decoding state
+    (caches, trees, tables) is written under it too.
+    """
 
     @functools.wraps(method)
     def wrapper(*args, **kwargs):
-        if not torch.is_grad_enabled():
+        if torch.is_inference_mode_enabled():
             return method(*args, **kwargs)
-        with torch.no_grad():
+        with torch.inference_mode():
             return method(*args, **kwargs)
 
     return wrapper

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ..lm import CausalLM, additive_mask
+from ..lm import CausalLM, additive_mask, inference
 from ..models.eagle3 import aux_hidden_indices
 from ..models.eagle3_head import Eagle3Head
 from ..syncs import uncounted
@@ -54,7 +54,7 @@ class Eagle3Drafter(ModelDrafter):
         super().reset()
         self.pending = None  # None: the first begin_step takes the prefill's states
 
-    @torch.no_grad()
+    @inference
     def begin_step(self, committed: torch.Tensor) -> torch.Tensor:  # committed: [L], root last
         """Forward the committed tokens without a row, with the target's states; return the root's logits ``[vocab]``."""
         self.calls = 0
@@ -71,7 +71,7 @@ class Eagle3Drafter(ModelDrafter):
         self.row_logits, self.row_features = logits[-1:], features[-1:]
         return self._to_target(logits[-1:])[0]
 
-    @torch.no_grad()
+    @inference
     def forward_nodes(
         self,
         tree: DraftTree,

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from ..lm import CausalLM
+from ..lm import CausalLM, inference
 from ..syncs import host_only
 from ..tree import DraftTree
 from .eagle3 import Eagle3Drafter
@@ -66,7 +66,7 @@ class Eagle3TreeDrafter(Eagle3Drafter):
         self.row_logits, self.row_features = self.row_logits[:1], self.row_features[:1]
         self.logp_rows.keep(min(1, self.logp_rows.count))
 
-    @torch.no_grad()
+    @inference
     def forward(
         self,
         committed: torch.Tensor,  # [L] committed tokens, root last

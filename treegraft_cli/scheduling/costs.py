@@ -17,7 +17,7 @@ import time
 import torch
 from torch import nn
 
-from ..lm import CausalLM, additive_mask
+from ..lm import CausalLM, additive_mask, inference
 from ..models.eagle3_head import Eagle3Head
 from .policies import CostModel
 
@@ -25,7 +25,7 @@ from .policies import CostModel
 class HeadTimingLM(CausalLM):
     """An EAGLE-3 head driven like a causal LM, for timing only: zero features stand in for the target's."""
 
-    @torch.no_grad()
+    @inference
     def forward(
         self,
         input_ids: torch.Tensor,  # [n]

@@ -59,6 +59,7 @@ import torch
 from ..config import DecodeConfig
 from ..engine import SpeculativeDecoder
 from ..errors import ConfigError
+from ..lm import inference
 from ..methods import Method, Observation, Prefill
 from ..methods.treegraft import COST_CONTEXT, TreeGraftMethod
 from ..pipeline import Pipeline, chat_messages
@@ -213,7 +214,7 @@ class ProbingMethod(Method):
             outcomes[action] = Outcome(self.accepted(tree), tree.size, calls, len(records) - calls)
         return self.label(outcomes[True], outcomes[False], layer, int(committed.numel()), lag)
 
-    @torch.no_grad()
+    @inference
     def accepted(self, tree: DraftTree) -> int:
         """τ of ``tree`` against the target, on a scratch extension of its cache (cropped back after)."""
         key = (tuple(tree.tokens.tolist()), tuple(tree.parents.tolist()))
