@@ -409,7 +409,9 @@ def test_per_step_rollouts_distill_into_a_learned_step_rule(cost_file, tmp_path,
     row = table[0]
     for kind in ("weak", "short", "full"):
         assert row[f"tau_kind_{kind}"] >= 1
-        assert row[f"value_kind_{kind}"] == pytest.approx(row[f"tau_kind_{kind}"] - row["rate"] * row[f"ms_kind_{kind}"], rel=1e-5)
+        # float32 values near zero by design (R·T ≈ τ): to the precision of the terms, as in the per-layer test
+        assert row[f"value_kind_{kind}"] == pytest.approx(row[f"tau_kind_{kind}"] - row["rate"] * row[f"ms_kind_{kind}"],
+                                                          abs=1e-5 * row[f"tau_kind_{kind}"])
     assert row["calls_kind_weak"] == 0 and row["calls_kind_short"] <= 1 <= row["calls_kind_full"] + 1
     artifact = tmp_path / "steps.json"
     distilled = invoke(["distill", "--rollouts", str(out), "--out", str(artifact), "--epochs", "20"])
