@@ -1,12 +1,16 @@
-"""Exactness on real models. SmolLM2-135M (self-drafting with 8 of its 30 layers) runs in CI; the
+"""Real models: exactness, and what loading one tells the user. SmolLM2-135M (self-drafting with 8 of its 30 layers) runs in CI; the
 Qwen2.5-Coder pair is marked slow (about 1.6 GB to fetch and minutes of CPU)."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
+import torch
 from conftest import reference_greedy, speculative
 
 from treegraft_cli.config import DecodeConfig, TreeConfig
+from treegraft_cli.models.load import GGUF_LOGGER, PACKED_ADVICE
 from treegraft_cli.pipeline import Pipeline, chat_messages
 
 PROMPTS = [
@@ -31,6 +35,31 @@ def check_pair(pair_name: str, methods: list[str], max_new_tokens: int) -> None:
 @pytest.mark.real_model
 def test_smollm2_self_drafter_is_exact():
     check_pair("smollm2-135m@layers=8:smollm2-135m", ["chain", "dense"], max_new_tokens=32)
+
+
+class Messages(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.mark.real_model
+def test_float32_advice_for_gguf_only_where_weights_stay_packed():
+    """transformers advises loading GGUF files in float32 "because the weights stay packed" before it knows
+    whether any will; without a GGUF kernel every weight is dequantised to bf16 and the advice would only slow
+    the user down, so it reaches the user only when some module kept packed weights."""
+    logger, seen = logging.getLogger(GGUF_LOGGER), Messages()
+    logger.addHandler(seen)
+    try:
+        model = Pipeline.load("smollm2-135m", dtype="bf16").target.model
+    finally:
+        logger.removeHandler(seen)
+    packed = any(type(module).__name__.startswith("Gguf") for module in model.modules())
+    assert model.dtype == torch.bfloat16
+    assert any(message.startswith(PACKED_ADVICE) for message in seen.messages) == packed
 
 
 @pytest.mark.slow

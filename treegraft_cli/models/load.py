@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,9 @@ from .registry import ModelRef, parse_pair, resolve
 from .tiny import TinySpec, build_tiny_model, byte_level_tokenizer
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# transformers advises float32 for GGUF weights "kept packed" before it knows whether any weight will be
+PACKED_ADVICE = "Loading a GGUF checkpoint with its weights packed"
+GGUF_LOGGER = "transformers.quantizers.quantizer_gguf"
 
 
 @dataclass
@@ -210,7 +214,7 @@ def _load_weights(files: ModelFiles, dtype: torch.dtype, device: str) -> PreTrai
     device_map = "auto" if device == "auto" and files.pretrained is not None else None
     try:
         if files.gguf is not None:
-            model = AutoModelForCausalLM.from_pretrained(str(files.gguf.parent), gguf_file=files.gguf.name, dtype=dtype)
+            model = _load_gguf(files.gguf, dtype)
         else:
             model = AutoModelForCausalLM.from_pretrained(files.pretrained, dtype=dtype, device_map=device_map)
     except (OSError, ValueError) as error:
@@ -218,6 +222,39 @@ def _load_weights(files: ModelFiles, dtype: torch.dtype, device: str) -> PreTrai
     if device_map is None:
         model = model.to(device)
     return model.eval()
+
+
+class _HeldAdvice(logging.Filter):
+    """Holds back transformers' ``PACKED_ADVICE`` records while a GGUF file loads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith(PACKED_ADVICE):
+            self.records.append(record)
+            return False
+        return True
+
+
+def _load_gguf(path: Path, dtype: torch.dtype) -> PreTrainedModel:
+    """A GGUF file's model in ``dtype``.
+
+    Without a GGUF matmul kernel (the ``kernels`` package) transformers dequantises every weight to ``dtype``,
+    yet it has already advised loading in float32 because "the weights stay packed". That advice is passed on
+    only when some module did keep packed weights: there float32 is faster, elsewhere it would only be slower.
+    """
+    logger, held = logging.getLogger(GGUF_LOGGER), _HeldAdvice()
+    logger.addFilter(held)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+    finally:
+        logger.removeFilter(held)
+    if any(type(module).__name__.startswith("Gguf") for module in model.modules()):
+        for record in held.records:
+            logger.handle(record)
+    return model
 
 
 def _unloadable(files: ModelFiles, error: Exception) -> ModelError:
