@@ -1,5 +1,5 @@
-"""Real models: exactness, and what loading one tells the user. SmolLM2-135M (self-drafting with 8 of its 30 layers) runs in CI; the
-Qwen2.5-Coder pair is marked slow (about 1.6 GB to fetch and minutes of CPU)."""
+"""Real models: exactness, and what loading one tells the user. SmolLM2-135M (self-drafting with 8 of its
+30 layers) runs in CI; the Qwen2.5-Coder pair is marked slow (about 1.6 GB to fetch and minutes of CPU)."""
 
 from __future__ import annotations
 
