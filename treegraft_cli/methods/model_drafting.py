@@ -15,11 +15,6 @@ from ..verify import Verdict
 from .base import Method, Models, Observation, register
 
 
-def log_probs(logits: torch.Tensor) -> torch.Tensor:  # [m, vocab] -> [m, vocab] float32
-    """Log-softmax in float32 (``log_softmax_float32``)."""
-    return log_softmax_float32(logits)
-
-
 def forwarded_prefix(slots: list[int], accepted: list[int]) -> int:  # slots: [num_nodes], accepted: root excluded
     """How many accepted nodes, from the root's child down, the model drafter forwarded (its cache holds their rows):
     the leading ones with a cache row (``kv_slot`` read with the verdict)."""
@@ -86,7 +81,7 @@ class ChainMethod(ModelDraftingMethod):
         logits = self.drafter.begin_step(committed)[None]
         last = torch.zeros(1, dtype=torch.long, device=tree.device)
         for depth in range(1, length + 1):
-            score, token = log_probs(logits[-1:]).max(dim=-1)
+            score, token = log_softmax_float32(logits[-1:]).max(dim=-1)
             last = tree.append_children(last, token, tree.scores[last] + score, ORIGIN_MODEL)
             if depth < length:
                 logits = self.drafter.forward_nodes(tree, last, ancestors_forwarded=True)
@@ -126,7 +121,7 @@ class DenseMethod(ModelDraftingMethod):
 
         The parents are the last frontier, childless, and a top-k never repeats a token: every child is new.
         """
-        top_logp, top_tokens = torch.topk(log_probs(logits), k, dim=-1)  # [p, k]
+        top_logp, top_tokens = torch.topk(log_softmax_float32(logits), k, dim=-1)  # [p, k]
         p = parents.nodes.shape[0]
         parent_of = parents.nodes.index_select(0, self.spread(p, k))  # [p * k] parent by parent
         # the parents' scores came with them from the last top-k (the root's is 0: its children score their own)
