@@ -16,7 +16,14 @@ from typer.testing import CliRunner
 from treegraft_cli.bench import BENCHMARKS, data_dir, suite_questions
 from treegraft_cli.bench.answers import answer_lines
 from treegraft_cli.bench.hub import parse_spec
-from treegraft_cli.bench.machine import BusyProcess, MachineLoad, shares_cores
+from treegraft_cli.bench.machine import (
+    BusyProcess,
+    MachineLoad,
+    cpu_flags,
+    emulated_dtype_warning,
+    native_dtypes,
+    shares_cores,
+)
 from treegraft_cli.bench.plots import series_colours
 from treegraft_cli.bench.records import ContenderRecord, QuestionRecord, TurnRecord
 from treegraft_cli.cli import app, console
@@ -136,6 +143,23 @@ def test_machine_load_warnings():
     assert len(found) == 2 and "python (pid 7" in found[0] and "OMP_NUM_THREADS=1" in found[1]
     assert len(busy.warnings(device="cuda")) == 1  # thread contention is a CPU concern
     assert busy.to_json()["free_cores"] == 1.0
+
+
+ZEN3_CPUINFO = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx avx2 fma\n\nprocessor\t: 1\n"
+SAPPHIRE_RAPIDS_CPUINFO = "processor\t: 0\nflags\t\t: avx2 avx512f avx512_bf16 amx_bf16 amx_tile avx512_fp16\n"
+GRAVITON3_CPUINFO = "processor\t: 0\nFeatures\t: fp asimd asimdhp sve bf16 i8mm\n"
+
+
+def test_a_dtype_the_cpu_only_emulates_is_warned_about():
+    zen3, spr, graviton = (cpu_flags(text) for text in (ZEN3_CPUINFO, SAPPHIRE_RAPIDS_CPUINFO, GRAVITON3_CPUINFO))
+    assert native_dtypes(zen3) == [] and native_dtypes(spr) == ["bf16", "fp16"] and native_dtypes(graviton) == ["bf16", "fp16"]
+    warning = emulated_dtype_warning("bf16", "cpu", zen3)
+    assert warning is not None and "--dtype fp32" in warning and "avx512_bf16" in warning
+    assert emulated_dtype_warning("fp16", "cpu", zen3) is not None
+    for quiet in (("bf16", "cpu", spr), ("bf16", "cpu", graviton), ("fp32", "cpu", zen3), ("bf16", "cuda", zen3),
+                  ("bf16", "cpu", None)):  # native, fp32, not a CPU run, flags unknown
+        assert emulated_dtype_warning(*quiet) is None, quiet
+    assert cpu_flags("processor\t: 0\n") is None and native_dtypes(None) is None
 
 
 def test_a_process_pinned_to_other_cores_does_not_count_as_busy():

@@ -7,6 +7,10 @@ every process's CPU use for a moment (psutil); a process using at least ``BUSY_C
 not disturb another). Free cores = usable cores (this process's CPU affinity) − cores the other processes use. Bench
 samples before it loads the models and after the timed run, records both in ``results.json``
 (``environment.machine_load``) and warns when it sees busy processes or more torch threads than free cores.
+
+It also warns when the run's dtype has no native matrix instructions on this CPU (``emulated_dtype_warning``):
+torch then converts every operand, and a forward over many rows, such as a tree's verification, costs several
+times what it costs in fp32, which changes which method wins.
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ from dataclasses import asdict, dataclass
 import psutil
 import torch
 
+# CPU feature flags (/proc/cpuinfo: x86 ``flags``, Arm ``Features``) with which a dtype's matrix products run on
+# native instructions: AVX512-BF16 or AMX on x86, the BF16 / half-precision extensions on Arm
+NATIVE_FLAGS = {"bf16": ("avx512_bf16", "amx_bf16", "bf16"), "fp16": ("avx512_fp16", "amx_fp16", "asimdhp")}
+CPUINFO = "/proc/cpuinfo"
 BUSY_CORES = 0.5  # a process using at least half a core is busy
 SAMPLE_S = 0.5  # how long CPU use is watched
 SHOWN = 5  # busy processes named in a warning
@@ -107,3 +115,45 @@ def sample_load(seconds: float = SAMPLE_S) -> MachineLoad:
     busy.sort(key=lambda p: -p.cores)
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return MachineLoad(torch.get_num_threads(), usable_cpus(), tuple(round(x, 2) for x in load) if load else None, tuple(busy))
+
+
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str] | None:
+    """This CPU's feature flags (the first processor's ``flags`` or ``Features`` line of ``/proc/cpuinfo``, or of
+    ``cpuinfo`` when given); None where they cannot be read (not Linux)."""
+    if cpuinfo is None:
+        try:
+            with open(CPUINFO) as file:
+                cpuinfo = file.read()
+        except OSError:
+            return None
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return None
+
+
+def native_dtypes(flags: frozenset[str] | None) -> list[str] | None:
+    """The low-precision dtypes this CPU multiplies natively (fp32 always is); None when its flags are unknown."""
+    if flags is None:
+        return None
+    return [dtype for dtype, names in NATIVE_FLAGS.items() if flags & set(names)]
+
+
+def emulated_dtype_warning(dtype: str, device: str, flags: frozenset[str] | None) -> str | None:
+    """A warning when ``dtype`` runs on a CPU without native instructions for it (None: native, not a CPU
+    run, fp32, or flags unknown)."""
+    native = native_dtypes(flags)
+    if device != "cpu" or dtype not in NATIVE_FLAGS or native is None or dtype in native:
+        return None
+    return (f"this CPU has no native {dtype} matrix instructions (none of the flags {', '.join(NATIVE_FLAGS[dtype])}), "
+            f"so torch emulates {dtype}: a "
+            f"forward over a tree costs several times what it costs in fp32, and speedups measured now do not "
+            f"carry over to a CPU that has them; pass --dtype fp32 (`treegraft profile --dtype {dtype}` and "
+            f"`--dtype fp32` show the difference here)")
+
+
+def precision_warnings(dtype: str, device: str) -> list[str]:
+    """``emulated_dtype_warning`` for this machine, as a list for ``console.machine_warnings``."""
+    warning = emulated_dtype_warning(dtype, device, cpu_flags())
+    return [warning] if warning else []

@@ -10,7 +10,8 @@
     state_between_questions  "reset" (every contender forgets earlier questions) | "carry"
     bootstrap           {resamples, seed, level}: how the speedup intervals were drawn (bench/stats.py)
     environment         {python, torch, transformers, treegraft, device_name, cpu_count, torch_threads,
-                         cpus_available, machine_load: {start, end}: {torch_threads, cpus, load_average,
+                         cpus_available, cpu_native_dtypes (low-precision dtypes the CPU multiplies natively;
+                         null: unknown), machine_load: {start, end}: {torch_threads, cpus, load_average,
                          busy: [{pid, name, cores}], free_cores}}
     partial             true only in results.partial.json (an interrupted run), with ``interrupted``
     lossless            all contenders lossless (null at temperature > 0: not checked)
@@ -64,7 +65,7 @@ from ..engine import StepStats
 from ..tree import ORIGIN_NAMES
 from .journal import config_dict
 from .lossless import AFTER_DIVERGENCE, MISMATCH, TIE
-from .machine import usable_cpus
+from .machine import cpu_flags, native_dtypes, usable_cpus
 from .records import ContenderRecord, QuestionRecord, TurnRecord
 from .runner import BASELINE
 from .stats import LEVEL, RESAMPLES, SEED, PerQuestion, bootstrap_interval, pooled_speedup
@@ -246,6 +247,7 @@ def environment(device: str, machine_load: Mapping[str, Any] | None = None) -> d
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
             "treegraft": __version__, "device_name": name or platform.machine(), "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "cpus_available": usable_cpus(),
+            "cpu_native_dtypes": native_dtypes(cpu_flags()),
             "machine_load": dict(machine_load or {})}
 
 

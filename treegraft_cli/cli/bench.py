@@ -28,7 +28,7 @@ from ..bench import (
 )
 from ..bench.journal import JOURNAL_NAME, Journal
 from ..bench.lossless import TIE_TOLERANCE
-from ..bench.machine import sample_load
+from ..bench.machine import precision_warnings, sample_load
 from ..bench.plots import write_plots
 from ..bench.regression import TAU_TOLERANCE, check_tolerances
 from ..bench.runner import DEFAULT_BENCH_PAIR, BenchRun
@@ -104,7 +104,7 @@ def bench(
                                            "state": state, "treegraft": __version__})
     console.bench_journal(journal)
     start_load = sample_load()
-    console.machine_warnings(start_load.warnings(run.device))
+    console.machine_warnings(start_load.warnings(run.device) + precision_warnings(run.dtype, run.device))
     plan = BenchPlan(tuple(configs), tuple(questions), ties, repeats, reset_per_question)
     try:
         with console.fetch_progress() as progress:

@@ -11,6 +11,7 @@ import typer
 
 from ..atomic import ensure_writable_dir
 from ..bench.contenders import check_names
+from ..bench.machine import precision_warnings
 from ..bench.suites import BENCHMARKS, NoQuestionsError, Question, suite_questions
 from ..errors import ConfigError
 from ..methods import check_method
@@ -81,6 +82,7 @@ def tune(
     result = open_study(settings, search)  # a bad URL, a dead server or another study's space fail before models load
     ran: list[int] = []
     if trials:
+        console.machine_warnings(precision_warnings(run.dtype, run.device))
         with console.fetch_progress() as progress:
             pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress, run.thinking)
         with console.counter_progress() as update:
