@@ -17,7 +17,6 @@ from typer.testing import CliRunner
 from treegraft_cli.cli import app
 from treegraft_cli.config import DecodeConfig, TreeConfig
 from treegraft_cli.errors import ConfigError
-from treegraft_cli.grafting.config import TreeGraftConfig
 from treegraft_cli.methods import Prefill
 from treegraft_cli.methods.treegraft import TreeGraftMethod
 from treegraft_cli.pipeline import Pipeline
@@ -25,6 +24,7 @@ from treegraft_cli.profiles import load_profile, profiles_dir
 from treegraft_cli.scheduling.artifact import load_scheduler
 from treegraft_cli.scheduling.cost_profile import CostProfile, load_cost_profile, save_cost_profile
 from treegraft_cli.scheduling.history import StepHistory
+from treegraft_cli.scheduling.options import TreeGraftConfig
 from treegraft_cli.scheduling.policies import (
     FEATURE_NAMES,
     FEATURE_SETS,

@@ -14,11 +14,11 @@ from treegraft_cli.drafters.ngram import NgramIndex, TargetLogProbCache
 from treegraft_cli.engine import SpeculativeDecoder
 from treegraft_cli.errors import ConfigError
 from treegraft_cli.grafting.builder import Growth
-from treegraft_cli.grafting.config import TreeGraftConfig
 from treegraft_cli.grafting.tree_ops import cut_to_budget, graft_window
 from treegraft_cli.lm import CausalLM
 from treegraft_cli.methods import Models, Prefill, create_method
 from treegraft_cli.scheduling.calibration import AcceptanceCalibration
+from treegraft_cli.scheduling.options import TreeGraftConfig
 from treegraft_cli.scheduling.policies import (
     AllMid,
     CostAwareRule,

@@ -8,11 +8,11 @@ from typing import Annotated
 import typer
 
 from ..atomic import ensure_writable_dir
-from ..grafting.config import parse_layers
 from ..scheduling.artifact import load_scheduler
 from ..scheduling.cost_profile import load_cost_profile, profile_from_document
 from ..scheduling.distill import VALUE_RATE, DistillSettings
 from ..scheduling.distill import distill as run_distill
+from ..scheduling.options import parse_layers
 from ..scheduling.policies import FEATURE_SETS
 from ..scheduling.replay import (
     FIXED_POLICIES,

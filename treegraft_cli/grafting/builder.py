@@ -39,10 +39,10 @@ from ..drafters.ngram import Continuation, NgramIndex, TargetLogProbCache
 from ..hostlists import flags as host_flags
 from ..hostlists import floats, longs
 from ..lm import on_device_of
+from ..scheduling.options import TreeGraftConfig
 from ..scheduling.policies import CallPolicy, CostModel, SchedulerState, WeakPreview, features
 from ..syncs import fetch, host_only
 from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree, RootTrees, float32
-from .config import TreeGraftConfig
 from .strong_run import RunPlan, RunResult, plan_run, run_strong_layers
 from .tree_ops import cut_to_budget
 

@@ -26,13 +26,6 @@ def graft_window(tree: DraftTree, layer: int, lookback: int, max_depth: int, exp
     return (depths >= lowest) & (depths <= highest) & ~expanded
 
 
-def top_nodes(scores: torch.Tensor, allowed: torch.Tensor, k: int) -> torch.Tensor:
-    """Up to ``k`` allowed node indices, best score first; ties go to the lower index (the shallower)."""
-    candidates = torch.nonzero(allowed).flatten()
-    order = torch.sort(scores[candidates], descending=True, stable=True).indices
-    return candidates[order[:k]]
-
-
 def cut_to_budget(tree: DraftTree, budget: int) -> DraftTree:
     """The ``budget`` best non-root nodes by (ancestor-capped) score, ancestors kept.
 

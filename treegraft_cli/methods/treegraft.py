@@ -17,11 +17,11 @@ from ..config import DecodeConfig
 from ..drafters import StrongDrafter, make_strong_drafter
 from ..drafters.ngram import NgramIndex, TargetLogProbCache
 from ..grafting.builder import LayerLoop, LayerRecord
-from ..grafting.config import TreeGraftConfig
 from ..hostlists import longs
 from ..lm import on_device_of
-from ..scheduling.costs import measure_costs
+from ..scheduling.costs import COST_CONTEXT, measure_costs
 from ..scheduling.history import StepHistory
+from ..scheduling.options import TreeGraftConfig
 from ..scheduling.policies import CallPolicy, CostModel
 from ..scheduling.registry import LEARNED, POLICY_FACTORIES, make_policy
 from ..scheduling.step_rule import StepRule
@@ -31,7 +31,6 @@ from ..verify import Verdict
 from .base import Method, Models, Observation, Prefill, register
 
 PREFILL_CHUNK = 64  # prompt rows turned into log-probs at a time (a full-vocab float32 softmax per row)
-COST_CONTEXT = 64  # prompt tokens before the timed forwards of the warm-up measurement
 
 
 def _target_logp(options: TreeGraftConfig) -> TargetLogProbCache:

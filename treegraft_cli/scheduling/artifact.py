@@ -32,7 +32,7 @@ import torch
 
 from ..atomic import atomic_write_text
 from ..errors import ConfigError
-from ..grafting.config import TreeGraftConfig
+from .options import TreeGraftConfig
 from .policies import FEATURE_NAMES, FEATURE_SETS, STEP_KIND_FEATURE_NAMES, CallPolicy, MarginPolicy, kind_one_hot
 from .step_rule import LearnedStepRule
 

@@ -21,6 +21,8 @@ from ..lm import CausalLM, additive_mask, inference
 from ..models.eagle3_head import Eagle3Head
 from .policies import CostModel
 
+COST_CONTEXT = 64  # prompt tokens before the timed forwards of the warm-up measurement
+
 
 class HeadTimingLM(CausalLM):
     """An EAGLE-3 head driven like a causal LM, for timing only: zero features stand in for the target's."""

@@ -19,11 +19,18 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from ..grafting.tree_ops import top_nodes
 from ..hostlists import floats
 from ..syncs import host_value
 from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree, float32
 from .calibration import AcceptanceCalibration
+
+
+def top_nodes(scores: torch.Tensor, allowed: torch.Tensor, k: int) -> torch.Tensor:
+    """Up to ``k`` allowed node indices, best score first; ties go to the lower index (the shallower)."""
+    candidates = torch.nonzero(allowed).flatten()
+    order = torch.sort(scores[candidates], descending=True, stable=True).indices
+    return candidates[order[:k]]
+
 
 FEATURE_NAMES = (
     "log1p_prompt_length",

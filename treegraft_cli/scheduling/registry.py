@@ -6,8 +6,8 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from ..errors import ConfigError
-from ..grafting.config import TreeGraftConfig, parse_layers
 from .artifact import load_scheduler
+from .options import TreeGraftConfig, parse_layers
 from .policies import AllMid, AllSmall, CallPolicy, CostAwareRule, FixedLayers
 from .step_rule import StepRule
 

@@ -26,10 +26,10 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from ..grafting.config import parse_layers
-from ..methods.treegraft import COST_CONTEXT
 from .artifact import DistilledScheduler
 from .cost_profile import CostProfile
+from .costs import COST_CONTEXT
+from .options import parse_layers
 from .shards import table_columns
 from .values import LAG_COLUMN, REAL_COLUMNS, decision_values, running_rates
 

@@ -61,10 +61,11 @@ from ..engine import SpeculativeDecoder
 from ..errors import ConfigError
 from ..lm import inference
 from ..methods import Method, Observation, Prefill
-from ..methods.treegraft import COST_CONTEXT, TreeGraftMethod
+from ..methods.treegraft import TreeGraftMethod
 from ..pipeline import Pipeline, chat_messages
 from ..tree import DraftTree
 from .cost_profile import CostProfile, profile_document, profile_from_document
+from .costs import COST_CONTEXT
 from .policies import FEATURE_NAMES, HISTORY_FEATURE_NAMES, CallPolicy
 from .registry import make_policy
 from .shards import (

@@ -1,4 +1,5 @@
-"""TreeGraftConfig: the method-specific settings, built from ``DecodeConfig.method_options``."""
+"""TreeGraftConfig: TreeGraft's settings (its layer loop's and its call policy's), built from
+``DecodeConfig.method_options``; the tree builder (``grafting``) and the policies read them."""
 
 from __future__ import annotations
 
@@ -84,4 +85,4 @@ class TreeGraftConfig:
         ]
         for ok, message in checks:
             if not ok:
-                raise ConfigError(message, "see TreeGraftConfig in treegraft_cli/grafting/config.py")
+                raise ConfigError(message, "see TreeGraftConfig in treegraft_cli/scheduling/options.py")
