@@ -47,3 +47,12 @@ def test_the_scheduler_never_imports_the_tree_builder():
 def test_relative_imports_resolve_as_python_does():
     imports = imported_modules(PACKAGE / "scheduling" / "replay.py")
     assert "treegraft_cli.scheduling.costs" in imports and "treegraft_cli.errors" in imports
+
+
+def test_one_module_prints():
+    printing = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "print":
+                printing.append(str(path.relative_to(PACKAGE)))
+    assert set(printing) == {"cli/console.py"}
