@@ -17,6 +17,7 @@ from .engine import Generation, SpeculativeDecoder
 from .lm import CausalLM
 from .models import LoadedModel, load_pair
 from .models.fetch import Progress
+from .models.packed_linear import check_linear, pack_linears
 
 # Runs on a laptop CPU in seconds once fetched: a real model drafting for itself with its first 8 layers.
 DEFAULT_PAIR = "smollm2-135m@layers=8:smollm2-135m"
@@ -36,9 +37,16 @@ class Pipeline:
     @classmethod
     def load(
         cls, pair: str, dtype: str = "bf16", device: str = "cpu", progress: Progress | None = None,
-        thinking: bool | None = None,
+        thinking: bool | None = None, linear: str = "default",
     ) -> Pipeline:
+        """``linear``: ``packed`` gives every linear layer of both models a oneDNN-packed copy of its weight for
+        multi-row forwards (``models/packed_linear.py``; CPU, fp32)."""
+        check_linear(linear, dtype, device)
         drafter, target = load_pair(pair, dtype, device, progress)
+        if linear == "packed":
+            for loaded in (target, drafter):
+                if loaded is not None:
+                    pack_linears(loaded.model)
         return cls(target=target, drafter=drafter, thinking=thinking, pair=pair)
 
     @property

@@ -8,6 +8,7 @@ A profile file (``profiles/NAME.yaml``)::
     dtype: bf16                        # bf16 | fp16 | fp32
     device: auto                       # cpu | cuda | auto
     thinking: false                    # optional: the chat template's enable_thinking (Qwen3); absent: its default
+    linear: packed                     # optional: default | packed (CPU fp32 linear kernels, ``--linear``)
     decode:                            # DecodeConfig fields; tree and sampling are nested
       method: treegraft
       max_new_tokens: 256
@@ -37,9 +38,10 @@ from .config import DecodeConfig, check_value, from_mapping
 from .errors import ConfigError
 from .methods import METHODS, method_names
 from .models.load import DTYPES
+from .models.packed_linear import LINEAR_KINDS
 
 PROFILES_ENV = "TREEGRAFT_PROFILES"
-TOP_LEVEL = ("name", "pair", "description", "dtype", "device", "thinking", "decode", "method_options", "cost", "tuned")
+TOP_LEVEL = ("name", "pair", "description", "dtype", "device", "thinking", "linear", "decode", "method_options", "cost", "tuned")
 DEVICES = ("cpu", "cuda", "auto")
 
 
@@ -56,6 +58,7 @@ class Profile:
     tuned: Mapping[str, Any] = field(default_factory=dict)
     source: str = ""
     thinking: bool | None = None
+    linear: str = "default"
 
     def config_for(self, method: str) -> DecodeConfig:
         """The profile's settings for ``method``, with that method's options."""
@@ -87,7 +90,7 @@ def profile_from_mapping(document: Any, source: str = "profile", default_name: s
     unknown = sorted(set(document) - set(TOP_LEVEL))
     if unknown:
         raise ConfigError(f"{source}: unknown field(s) {', '.join(map(str, unknown))}", f"fields are: {', '.join(TOP_LEVEL)}")
-    for key in ("name", "pair", "description", "dtype", "device"):
+    for key in ("name", "pair", "description", "dtype", "device", "linear"):
         if key in document:
             check_value(document[key], str, f"{source}: {key}")
     if not document.get("pair"):
@@ -101,6 +104,9 @@ def profile_from_mapping(document: Any, source: str = "profile", default_name: s
     thinking = document.get("thinking")
     if thinking is not None and not isinstance(thinking, bool):
         raise ConfigError(f"{source}: thinking must be true or false (got {thinking!r})", "write thinking: false")
+    linear = document.get("linear", "default")
+    if linear not in LINEAR_KINDS:
+        raise ConfigError(f"{source}: linear {linear!r} is not one of {', '.join(LINEAR_KINDS)}", "fix linear in the profile")
     decode = decode_config_from_mapping(document.get("decode"), f"{source}: decode")
     options = document.get("method_options") or {}
     if not isinstance(options, Mapping) or not all(isinstance(v, Mapping) for v in options.values()):
@@ -122,6 +128,7 @@ def profile_from_mapping(document: Any, source: str = "profile", default_name: s
         tuned=dict(document.get("tuned") or {}),
         source=source,
         thinking=thinking,
+        linear=linear,
     )
 
 
@@ -192,6 +199,8 @@ def profile_document(profile: Profile) -> dict[str, Any]:
     document.update({"dtype": profile.dtype, "device": profile.device})
     if profile.thinking is not None:
         document["thinking"] = profile.thinking
+    if profile.linear != "default":
+        document["linear"] = profile.linear
     document.update({"decode": decode,
                      "method_options": {k: dict(v) for k, v in profile.method_options.items()}})
     if profile.cost:

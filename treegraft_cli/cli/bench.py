@@ -37,7 +37,7 @@ from ..config import parse_options
 from ..errors import ConfigError
 from ..pipeline import Pipeline
 from . import console
-from .options import Compile, FirstPrompt, Thinking
+from .options import Compile, FirstPrompt, Linear, Thinking
 from .resolve import resolve_run
 
 QUICK_MAX_NEW_TOKENS = 64  # the quick suite's default
@@ -71,6 +71,7 @@ def bench(
     scheduler: Annotated[Path | None, typer.Option("--scheduler", help="Distilled scheduler (`treegraft distill`) the treegraft method decides with.")] = None,
     thinking: Thinking = None,
     compile: Compile = None,
+    linear: Linear = None,
 ) -> None:
     """Run methods side by side (per question: ar, then each) on a suite; table, results.json, Spec-Bench answers, plots.
 
@@ -82,7 +83,7 @@ def bench(
     chosen_pair = pair or (None if profile else DEFAULT_BENCH_PAIR)
     default_tokens = QUICK_MAX_NEW_TOKENS if suite == "quick" and not prompts else None
     tokens = max_new_tokens if max_new_tokens is not None else default_tokens
-    run = resolve_run(chosen_pair, profile, dtype, device, tokens, temperature, budget, depth, tree_top_k, thinking, compile)
+    run = resolve_run(chosen_pair, profile, dtype, device, tokens, temperature, budget, depth, tree_top_k, thinking, compile, linear)
     shape = PairShape.of(run.pair)
     greedy = run.config.sampling.greedy
     names = default_methods(shape, greedy, everything=methods == "all") if methods in (None, "all") else split_methods(methods)
@@ -98,9 +99,9 @@ def bench(
     ties = TIE_TOLERANCE[run.dtype] if tie_tolerance is None else tie_tolerance
     state = "reset" if reset_per_question else "carry"
     meta: dict[str, Any] = {"pair": run.pair, "profile": run.profile_name, "dtype": run.dtype, "device": run.device,
-                            "tie_tolerance": ties, "thinking": run.thinking, "repeats": repeats,
+                            "tie_tolerance": ties, "thinking": run.thinking, "linear": run.linear, "repeats": repeats,
                             "state_between_questions": state}
-    journal = Journal(out / JOURNAL_NAME, {**{k: meta[k] for k in ("pair", "dtype", "device", "tie_tolerance", "thinking")},
+    journal = Journal(out / JOURNAL_NAME, {**{k: meta[k] for k in ("pair", "dtype", "device", "tie_tolerance", "thinking", "linear")},
                                            "state": state, "treegraft": __version__})
     console.bench_journal(journal)
     start_load = sample_load()
@@ -108,7 +109,7 @@ def bench(
     plan = BenchPlan(tuple(configs), tuple(questions), ties, repeats, reset_per_question)
     try:
         with console.fetch_progress() as progress:
-            pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress, run.thinking)
+            pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress, run.thinking, run.linear)
         bench_run = timed_run(Bench(pipeline, plan, journal), journal)
     except KeyboardInterrupt:
         console.bench_interrupted(None, None, plan.question_runs)

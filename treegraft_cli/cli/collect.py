@@ -21,7 +21,7 @@ from ..scheduling.rollouts import POLICY_ITSELF, CollectSettings, parse_shard
 from ..scheduling.rollouts import collect as run_collect
 from ..scheduling.shards import FORMATS, SETTINGS_FILE, read_settings
 from . import console
-from .options import FirstPrompt, MethodOptions, Thinking
+from .options import FirstPrompt, Linear, MethodOptions, Thinking
 from .resolve import has_drafter, resolve_run
 
 QUICK_CONTEXTS = (128,)  # the in-process profile when no --cost is given: one short context
@@ -50,6 +50,7 @@ def collect(
     tree_top_k: Annotated[int | None, typer.Option("--tree-top-k", "-K", help="Frontier width override.")] = None,
     options: MethodOptions = None,
     thinking: Thinking = None,
+    linear: Linear = None,
 ) -> None:
     """Offline value rollouts for the TreeGraft scheduler: features, actions, values, margins, in shards."""
     disable_progress_bar()  # one bar per shard write from datasets would drown the collect bar
@@ -58,7 +59,7 @@ def collect(
     if decide not in ("layer", "step"):
         raise typer.BadParameter("--decide must be layer or step")
     index_count = parse_shard(shard)
-    run = resolve_run(pair, profile, dtype, device, max_new_tokens, 0.0, budget, depth, tree_top_k, thinking)
+    run = resolve_run(pair, profile, dtype, device, max_new_tokens, 0.0, budget, depth, tree_top_k, thinking, linear=linear)
     method_options = {**run.method_options.get("treegraft", {}), **parse_options(options or ()), "policy": policy}
     config = dataclasses.replace(run.config, method="treegraft", method_options=method_options)
     check_method(config, has_drafter(run.pair))  # a typo in --policy or -o fails before any model loads
@@ -68,7 +69,7 @@ def collect(
     questions = suite_questions(suite, prompts or (), num_prompts, first_prompt)
     ensure_writable_dir(out)
     with console.fetch_progress() as progress:
-        pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress, run.thinking)
+        pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress, run.thinking, run.linear)
     costs, measured = _costs(cost, out, pipeline, run.pair, run.dtype, config)
     with console.counter_progress() as update:
         report = run_collect(pipeline, questions, settings, costs, out, index_count, update, costs_measured=measured)

@@ -8,6 +8,7 @@ import typer
 
 from ..methods import check_method
 from ..models.load import parse_dtype
+from ..models.packed_linear import check_linear
 from ..pipeline import Pipeline, chat_messages
 from . import console
 from .options import (
@@ -19,6 +20,7 @@ from .options import (
     Device,
     Dtype,
     Kernels,
+    Linear,
     MaxNewTokens,
     Method,
     MethodOptions,
@@ -54,15 +56,17 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
     thinking: Thinking = None,
     compile: Compile = None,
+    linear: Linear = None,
 ) -> None:
     """Decode one chat prompt with one method; --json prints one JSON object."""
     config = decode_config(
         method, max_new_tokens, temperature, top_k, top_p, seed, budget, depth, tree_top_k, kernels, option, compile
     )
     parse_dtype(dtype)
+    check_linear(linear or "default", dtype, device)
     check_method(config, has_drafter(pair))  # a typo in --pair, --method or -o fails before any model loads
     with console.fetch_progress() as progress:
-        pipeline = Pipeline.load(pair, dtype, device, progress, thinking)
+        pipeline = Pipeline.load(pair, dtype, device, progress, thinking, linear or "default")
     decoder = pipeline.decoder(config)
     prompt_ids = pipeline.encode_chat(chat_messages([prompt], system=system))
     generation = decoder.generate(prompt_ids)

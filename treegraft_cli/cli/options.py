@@ -32,6 +32,14 @@ Compile = Annotated[
         help="off | static | compile | cudagraphs: the verify forward's static shapes and capture (default off).",
     ),
 ]
+Linear = Annotated[
+    str | None,
+    typer.Option(
+        "--linear",
+        help="default | packed: packed gives multi-row forwards (trees) oneDNN-packed weights, CPU fp32 only, twice "
+        "the weights' memory; it pays where the CPU's BLAS is slow for few rows (`treegraft profile --linear packed`).",
+    ),
+]
 Thinking = Annotated[
     bool | None,
     typer.Option(

@@ -20,6 +20,7 @@ from ..scheduling.profiler import (
     summary_rows,
 )
 from . import console
+from .options import Linear
 from .resolve import resolve_run
 
 SUMMARY_TOKENS = (1, 16, 64, 256)
@@ -35,16 +36,18 @@ def profile(
     repeats: Annotated[int, typer.Option("--repeats", help="Timed repeats per point (the median is kept).")] = 3,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs before each point's repeats.")] = 1,
     width: Annotated[int, typer.Option("--width", "-K", help="K: n-gram continuations per parent, adjacency k.")] = 10,
+    linear: Linear = None,
 ) -> None:
     """Time the target's verify forward and the drafter's tree forward against tree tokens and context length."""
-    run = resolve_run(pair, None, dtype, device, None, None, None, None, None)
+    run = resolve_run(pair, None, dtype, device, None, None, None, None, None, linear=linear)
     if repeats < 1 or warmup < 0 or width < 1:
         raise typer.BadParameter("--repeats >= 1, --warmup >= 0 and --width >= 1")
     settings = ProfileSettings(parse_grid(tokens, "tokens"), parse_grid(contexts, "contexts"), warmup, repeats, width)
-    path = out or Path("runs/profile") / f"{_slug(run.pair)}-{run.device}-{run.dtype}.yaml"
+    packed = "-packed" if run.linear == "packed" else ""
+    path = out or Path("runs/profile") / f"{_slug(run.pair)}-{run.device}-{run.dtype}{packed}.yaml"
     ensure_writable_dir(path.parent)
     with console.fetch_progress() as progress:
-        pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress)
+        pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress, linear=run.linear)
     drafter = pipeline.drafter.model if pipeline.drafter is not None else None
     with console.counter_progress() as update:
         measured = measure_profile(run.pair, run.dtype, pipeline.target.model, drafter, settings, update)

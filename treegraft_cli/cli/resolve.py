@@ -10,6 +10,7 @@ from typing import Any
 from ..bench.contenders import PairShape
 from ..config import DecodeConfig
 from ..models.load import parse_dtype
+from ..models.packed_linear import check_linear
 from ..pipeline import DEFAULT_PAIR
 from ..profiles import Profile, decode_config_from_mapping, load_profile, profile_for_pair
 
@@ -23,6 +24,7 @@ class RunSettings:
     method_options: Mapping[str, Mapping[str, Any]]
     profile_name: str | None
     thinking: bool | None = None  # the chat template's enable_thinking; None: the template's default
+    linear: str = "default"  # ``Pipeline.load``'s linear kernels: default | packed
 
 
 def resolve_run(
@@ -37,6 +39,7 @@ def resolve_run(
     tree_top_k: int | None,
     thinking: bool | None = None,
     compile: str | None = None,
+    linear: str | None = None,
 ) -> RunSettings:
     """Explicit options win over the profile (``--profile``, else the bundled profile of ``--pair``), which wins over defaults."""
     profile: Profile | None = load_profile(profile_name) if profile_name else profile_for_pair(pair or DEFAULT_PAIR)
@@ -53,14 +56,18 @@ def resolve_run(
         values["compile"] = compile
     chosen_dtype = dtype or (profile.dtype if profile else "bf16")
     parse_dtype(chosen_dtype)  # an unknown dtype fails here, naming the valid ones
+    chosen_device = device or (profile.device if profile else "cpu")
+    chosen_linear = linear or (profile.linear if profile else "default")
+    check_linear(chosen_linear, chosen_dtype, chosen_device)
     return RunSettings(
         pair=pair or (profile.pair if profile else DEFAULT_PAIR),
         dtype=chosen_dtype,
-        device=device or (profile.device if profile else "cpu"),
+        device=chosen_device,
         config=decode_config_from_mapping(values, "settings"),
         method_options=dict(profile.method_options) if profile else {},
         profile_name=profile.name if profile else None,
         thinking=thinking if thinking is not None else (profile.thinking if profile else None),
+        linear=chosen_linear,
     )
 
 

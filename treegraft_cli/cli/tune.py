@@ -31,7 +31,7 @@ from ..tune import (
 )
 from ..tune.plots import write_study_plot
 from . import console
-from .options import Compile, FirstPrompt, Thinking
+from .options import Compile, FirstPrompt, Linear, Thinking
 from .resolve import has_drafter, resolve_run
 
 
@@ -57,6 +57,7 @@ def tune(
     out: Annotated[Path | None, typer.Option("--out", help="Profile YAML to write (default runs/tune/STUDY.yaml).")] = None,
     thinking: Thinking = None,
     compile: Compile = None,
+    linear: Linear = None,
 ) -> None:
     """Search tree budget, depth, top-k and the method's options for the best speedup over ar; the best trials
     are timed again on validation questions the search never saw, and the best there is exported."""
@@ -67,7 +68,7 @@ def tune(
                           "pass --validation-prompts 0 or more and --validate-top 1 or more")
     check_names([method])  # an unregistered method fails here, naming the registered ones
     search = load_space(method, space)
-    run = resolve_run(pair, None, dtype, device, max_new_tokens, 0.0, None, None, None, thinking, compile)
+    run = resolve_run(pair, None, dtype, device, max_new_tokens, 0.0, None, None, None, thinking, compile, linear)
     name = study or re.sub(r"[^\w.-]+", "_", f"{run.pair}--{method}")
     out = out or Path("runs/tune") / f"{name}.yaml"
     base = dataclasses.replace(run.config, method=method, method_options=dict(run.method_options.get(method, {})))
@@ -78,13 +79,14 @@ def tune(
     if storage is None:
         out.parent.mkdir(parents=True, exist_ok=True)
         storage = f"sqlite:///{out.with_suffix('.db')}"
-    settings = TuneSettings(run.pair, run.dtype, run.device, base, trials, storage, name, seed, memory, heartbeat)
+    settings = TuneSettings(run.pair, run.dtype, run.device, base, trials, storage, name, seed, memory, heartbeat,
+                            run.linear)
     result = open_study(settings, search)  # a bad URL, a dead server or another study's space fail before models load
     ran: list[int] = []
     if trials:
         console.machine_warnings(precision_warnings(run.dtype, run.device))
         with console.fetch_progress() as progress:
-            pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress, run.thinking)
+            pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress, run.thinking, run.linear)
         with console.counter_progress() as update:
             update("timing ar", 0, trials)
 

@@ -27,6 +27,7 @@ from ..drafters.ngram import NgramIndex
 from ..drafters.rank_template import build_template
 from ..errors import ConfigError
 from ..lm import CausalLM
+from ..models.packed_linear import is_packed
 from .cost_profile import CostProfile
 from .costs import timing_lm
 
@@ -129,10 +130,12 @@ def versions() -> dict[str, str]:
             "python": platform.python_version()}
 
 
-def describe_device(device: torch.device) -> str:
+def describe_device(device: torch.device, packed_linears: bool = False) -> str:
+    """The device as a cost profile names it; packed linears (``--linear packed``) change CPU costs, so they are part of it."""
     if device.type == "cuda":
         return f"{device} ({torch.cuda.get_device_name(device)})"
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    packed = ", packed linears" if packed_linears else ""
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads{packed})"
 
 
 def measure_profile(
@@ -154,7 +157,7 @@ def measure_profile(
     report("done", total, total)
     return CostProfile(
         pair=pair,
-        device=describe_device(target.device),
+        device=describe_device(target.device, is_packed(target)),
         dtype=dtype,
         tree_tokens=tuple(settings.tree_tokens),
         contexts=tuple(settings.contexts),

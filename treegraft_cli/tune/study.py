@@ -58,6 +58,7 @@ class TuneSettings:
     seed: int = 0
     memory: bool = False  # second objective: peak memory (MiB), minimised
     heartbeat_s: int = 60  # a running trial's heartbeat; missing for 2 intervals, the trial is failed and retried
+    linear: str = "default"  # the linear kernels the trials ran with (``Pipeline.load``), kept in the exported profile
 
 
 @dataclass(frozen=True)
@@ -272,6 +273,7 @@ def export_profile(
         method_options={space.method: dict(config.method_options)},
         dtype=settings.dtype,
         device=settings.device,
+        linear=settings.linear,
         description=f"tuned by `treegraft tune` ({space.method}, study {study.study_name})",
         tuned={"study": study.study_name, "trial": best.number, "speedup": best.values[0], "trials": len(study.trials),
                "selected_by": "search" if validation_speedup is None else "validation",
