@@ -4,6 +4,7 @@
 
     schema, created, pair, profile, dtype, device, benchmarks, num_questions, max_new_tokens,
     temperature, tie_tolerance, thinking (the chat template's enable_thinking; null: its default), baseline ("ar"),
+    linear              the linear kernels: "default" | "packed" (``--linear``; models/packed_linear.py)
     repeats             question runs per question (each: ar, then every other contender)
     question_runs       finished question runs (questions × repeats when complete)
     resumed_question_runs  of those, restored from an interrupted earlier process (timed there)
