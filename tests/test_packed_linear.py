@@ -41,10 +41,11 @@ def test_packed_layers_compute_what_the_default_ones_do():
     assert all(isinstance(m.forward, PackedForward) for m in model.modules() if type(m) is torch.nn.Linear)
 
 
-@pytest.mark.parametrize("method", ["dense", "graft", "treegraft", "chain"])
-def test_greedy_output_with_packed_linears_equals_plain_greedy(packed_pipeline, method):
+@pytest.mark.parametrize("method, compile", [("dense", "off"), ("graft", "off"), ("treegraft", "off"), ("chain", "off"),
+                                             ("dense", "static")])
+def test_greedy_output_with_packed_linears_equals_plain_greedy(packed_pipeline, method, compile):
     prompt = random_prompt(5)
-    config = DecodeConfig(tree=TreeConfig(budget=12, depth=4, top_k=3), max_new_tokens=40)
+    config = DecodeConfig(tree=TreeConfig(budget=12, depth=4, top_k=3), max_new_tokens=40, compile=compile)
     plain = packed_pipeline.decoder(DecodeConfig(method="ar", max_new_tokens=40)).generate(prompt).output_ids
     speculative = packed_pipeline.decoder(DecodeConfig(**{**config.__dict__, "method": method})).generate(prompt)
     assert speculative.output_ids == plain
@@ -62,6 +63,13 @@ def test_packed_linears_are_refused_where_they_cannot_run(linear, dtype, device,
     assert needle in error.value.message
     assert ("--dtype fp32" in error.value.hint) or ("default" in error.value.hint)
     check_linear("default", dtype, device)  # the default runs everywhere
+
+
+def test_packed_linears_are_refused_with_inductor_but_run_with_static_shapes():
+    with pytest.raises(ConfigError, match="--compile compile") as error:
+        check_linear("packed", "fp32", "cpu", "compile")
+    assert "--compile static" in error.value.hint
+    check_linear("packed", "fp32", "cpu", "static")
 
 
 def test_bench_refuses_packed_bf16_before_loading_a_model(monkeypatch):

@@ -63,7 +63,7 @@ def generate(
         method, max_new_tokens, temperature, top_k, top_p, seed, budget, depth, tree_top_k, kernels, option, compile
     )
     parse_dtype(dtype)
-    check_linear(linear or "default", dtype, device)
+    check_linear(linear or "default", dtype, device, config.compile)
     check_method(config, has_drafter(pair))  # a typo in --pair, --method or -o fails before any model loads
     with console.fetch_progress() as progress:
         pipeline = Pipeline.load(pair, dtype, device, progress, thinking, linear or "default")

@@ -58,12 +58,13 @@ def resolve_run(
     parse_dtype(chosen_dtype)  # an unknown dtype fails here, naming the valid ones
     chosen_device = device or (profile.device if profile else "cpu")
     chosen_linear = linear or (profile.linear if profile else "default")
-    check_linear(chosen_linear, chosen_dtype, chosen_device)
+    config = decode_config_from_mapping(values, "settings")
+    check_linear(chosen_linear, chosen_dtype, chosen_device, config.compile)
     return RunSettings(
         pair=pair or (profile.pair if profile else DEFAULT_PAIR),
         dtype=chosen_dtype,
         device=chosen_device,
-        config=decode_config_from_mapping(values, "settings"),
+        config=config,
         method_options=dict(profile.method_options) if profile else {},
         profile_name=profile.name if profile else None,
         thinking=thinking if thinking is not None else (profile.thinking if profile else None),

@@ -33,14 +33,20 @@ def packing_problem(dtype: str, device: str) -> str | None:
     return None
 
 
-def check_linear(linear: str, dtype: str, device: str) -> None:
-    """Refuse an unknown ``--linear`` or packed linears where they cannot run, naming the fix (before any model loads)."""
+def check_linear(linear: str, dtype: str, device: str, compile: str = "off") -> None:
+    """Refuse an unknown ``--linear`` or packed linears where they cannot run, naming the fix (before any model loads).
+
+    ``--compile compile`` is refused with them: Inductor cannot lower an already packed oneDNN linear (it packs
+    weights itself when it freezes a model); ``static`` shapes work with them."""
     if linear not in LINEAR_KINDS:
         raise ConfigError(f"unknown --linear {linear!r}", f"use one of: {', '.join(LINEAR_KINDS)}")
     problem = packing_problem(dtype, device) if linear == "packed" else None
     if problem:
         raise ConfigError(f"--linear packed with --dtype {dtype} on {device}: {problem}",
                           "pass --dtype fp32 --device cpu with it, or leave --linear at default")
+    if linear == "packed" and compile == "compile":
+        raise ConfigError("--linear packed with --compile compile: Inductor cannot compile a forward through packed "
+                          "oneDNN weights", "use --compile static (or off) with packed linears, or --linear default")
 
 
 class PackedForward:
