@@ -27,7 +27,8 @@ def packing_problem(dtype: str, device: str) -> str | None:
     if device != "cpu":
         return "packed linears are a CPU kernel; on a GPU the default kernels are already the fast ones"
     if dtype != "fp32":
-        return "packed linears run in fp32 only (oneDNN's bf16 path needs AVX512-BW/DQ/VL or AVX-NE-CONVERT)"
+        return ("packed linears run in fp32 only (in bf16 and fp16 torch already multiplies with oneDNN where the CPU "
+                "has the instructions for it)")
     if not torch.backends.mkldnn.is_available():
         return "this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
     return None
