@@ -146,10 +146,10 @@ def emulated_dtype_warning(dtype: str, device: str, flags: frozenset[str] | None
     native = native_dtypes(flags)
     if device != "cpu" or dtype not in NATIVE_FLAGS or native is None or dtype in native:
         return None
-    return (f"this CPU has no native {dtype} matrix instructions (none of the flags {', '.join(NATIVE_FLAGS[dtype])}), "
-            f"so torch emulates {dtype}: a "
-            f"forward over a tree costs several times what it costs in fp32, and speedups measured now do not "
-            f"carry over to a CPU that has them; pass --dtype fp32, and try --linear packed for cheaper trees "
+    flags_named = ", ".join(NATIVE_FLAGS[dtype])
+    return (f"this CPU has no native {dtype} matrix instructions (none of the flags {flags_named}), so torch emulates "
+            f"{dtype}: a forward over a tree costs several times what it costs in fp32, and speedups measured now do "
+            f"not carry over to a CPU that has them; pass --dtype fp32, and try --linear packed for cheaper trees "
             f"(`treegraft profile --dtype {dtype}` and `--dtype fp32 [--linear packed]` show the difference here)")
 
 

@@ -62,9 +62,13 @@ class PackedForward:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
+def _has_packed_forward(module: nn.Module) -> bool:
+    return isinstance(module.__dict__.get("forward"), PackedForward)  # the instance's own forward, not the class's
+
+
 def is_packed(model: nn.Module) -> bool:
     """Whether ``pack_linears`` ran on ``model`` (its linear layers multiply several rows with packed weights)."""
-    return any(isinstance(module.__dict__.get("forward"), PackedForward) for module in model.modules())
+    return any(_has_packed_forward(module) for module in model.modules())
 
 
 @torch.inference_mode()
@@ -73,7 +77,7 @@ def pack_linears(model: nn.Module, rows_hint: int = ROWS_HINT) -> int:
     layers were packed now (layers already packed, e.g. shared with a layer-truncated drafter, are skipped)."""
     packed = 0
     for module in model.modules():
-        if type(module) is nn.Linear and not isinstance(module.__dict__.get("forward"), PackedForward):
+        if type(module) is nn.Linear and not _has_packed_forward(module):
             weight = module.weight.detach()
             module.forward = PackedForward(weight, None if module.bias is None else module.bias.detach(),
                                            torch.ops.mkldnn._reorder_linear_weight(weight, rows_hint))
