@@ -1,8 +1,10 @@
-"""Micro-benchmark: the verify forward with static shapes, compiled or replayed from CUDA graphs (``--compile``),
-against the dynamic path, in one process. Every mode must give ``off``'s tokens exactly (exit 1 otherwise).
+"""Micro-benchmark: the verify and drafter forwards with static shapes, compiled or replayed from CUDA graphs
+(``--compile``), against the dynamic path, in one process. Every mode must give ``off``'s tokens exactly (exit 1 otherwise).
 
 The target is a random-weight model with Qwen3-8B's layer shape (4 layers; ``--small``: a tiny one) drafting for
-itself with its first layer, so trees are accepted; ``ar`` shows the one-token forward, ``dense`` the tree forward.
+itself with its first layer, so trees are accepted; ``ar`` shows the one-token forward, ``chain`` the drafter's
+one-row forwards, ``dense`` the tree forward and the drafter's four-row ones, ``graft`` and ``treegraft`` drafter
+forwards of changing sizes (every bucket they reach is captured and must replay exactly).
 The first request of each mode is a warm-up (compilation and graph capture happen there); the table times the
 next ``--repeats`` requests. On CPU ``cudagraphs`` is not available and ``compile`` compiles for minutes.
 
@@ -39,7 +41,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--modes", nargs="+", default=None, help="default: off static cudagraphs (CUDA) / off static (CPU)")
-    parser.add_argument("--methods", nargs="+", default=["ar", "dense"])
+    parser.add_argument("--methods", nargs="+", default=["ar", "chain", "dense", "graft", "treegraft"])
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--small", action="store_true")

@@ -6,8 +6,8 @@
 #   2. the kernel micro-benchmark table (benchmarks/verify_kernels.py);
 #   3. host overhead and host-device synchronisations per step, per method (benchmarks/host_overhead.py;
 #      on CUDA the driver's own count too);
-#   4. the CUDA-graph speedup of the verify forward (benchmarks/compile_speedup.py: --compile off, static and
-#      cudagraphs on a Qwen3-8B-shaped target; every mode must give the same tokens).
+#   4. the CUDA-graph speedup of the verify and drafter forwards (benchmarks/compile_speedup.py: --compile off,
+#      static and cudagraphs on a Qwen3-8B-shaped target; every mode must give the same tokens).
 # Usage: benchmarks/gpu_check.sh [--device cuda|cpu] [--small]
 #   --device cpu --small is the smoke run that works anywhere (kernels interpreted, tiny shapes).
 # Exits non-zero when a check fails.
@@ -44,7 +44,7 @@ python benchmarks/verify_kernels.py --device "$DEVICE" --nodes $NODES --vocab $V
 step "3. host overhead and synchronisations per step (tiny pair)"
 OMP_NUM_THREADS=1 python benchmarks/host_overhead.py --device "$DEVICE" --repeats $REPEATS --max-new-tokens $NEW || status=1
 
-step "4. CUDA-graph speedup of the verify forward"
+step "4. CUDA-graph speedup of the verify and drafter forwards"
 python benchmarks/compile_speedup.py --device "$DEVICE" $SMALL || status=1
 
 echo

@@ -45,7 +45,7 @@ def test_a_static_cache_serves_later_requests_exactly(tiny_self_pair):
     for seed in (1, 2, 1):
         prompt = random_prompt(seed, length=10 + 7 * seed)
         assert decoder.generate(prompt).output_ids == reference_greedy(target, prompt, 30)
-        verifiers.append(decoder.target.verifier)
+        verifiers.append(decoder.target.static)
     assert verifiers[0] is not None and all(v is verifiers[0] for v in verifiers)
 
 
@@ -54,13 +54,46 @@ def test_padding_sees_only_the_root_and_itself(tiny_self_pair):
     config = DecodeConfig(method="dense", tree=TREE, max_new_tokens=8, compile="static")
     decoder = SpeculativeDecoder(CausalLM(target.model), config, drafter=CausalLM(drafter.model))
     decoder.generate(random_prompt(3))
-    verifier = decoder.target.verifier
+    verifier = decoder.target.static
     size, buffers = max(verifier.buffers.items())
     visible = buffers["mask"][0, 0] == 0  # [size, capacity]
     last = size - 1  # a padding node unless the tree filled the bucket exactly
     rows = torch.nonzero(visible[last]).flatten().tolist()
     prefix = rows[0] if rows[0] > 0 else None
     assert prefix is None or rows[-1] - prefix == last  # the committed rows, the root and itself
+
+
+@pytest.mark.parametrize("method", ["chain", "dense", "treegraft"])
+def test_the_drafter_forwards_with_static_shapes_too(tiny_self_pair, method):
+    drafter, target = tiny_self_pair
+    config = DecodeConfig(method=method, tree=TREE, max_new_tokens=30, compile="static",
+                          method_options={"policy": "all-mid"} if method == "treegraft" else {})
+    decoder = SpeculativeDecoder(CausalLM(target.model), config, drafter=CausalLM(drafter.model))
+    prompt = repetitive_prompt(7)
+    assert decoder.generate(prompt).output_ids == reference_greedy(target, prompt, 30)
+    static = decoder.drafter.static
+    assert static is not None and static is not decoder.target.static
+    assert static.runners  # the drafter's forwards ran padded, through the same runners a capture replays
+
+
+def test_padded_rows_leave_the_cache_as_unpadded_forwards_do(tiny_self_pair):
+    """Rows padded to a bucket: the cache holds the real rows only, and the next forward writes over the padding."""
+    target = tiny_self_pair[1].model
+    dynamic, static = CausalLM(target), CausalLM(target)
+    static.use_static("static", 128)
+    static.reset()
+    prompt = random_prompt(4, length=13)  # padded to 16 rows
+    steps = [(prompt, None), (prompt[:3], "mask"), (prompt[5:6], None)]
+    for tokens, kind in steps:
+        length = dynamic.cache_length
+        mask = None
+        if kind == "mask":  # every row sees the cache, and row j the earlier rows of this forward up to itself
+            mask = torch.zeros(3, length + 3)
+            mask[:, length:] = torch.full((3, 3), torch.finfo(torch.float32).min).triu(1)
+        want = dynamic.forward(tokens, mask=mask)
+        got = static.forward(tokens, mask=mask)
+        assert static.cache_length == dynamic.cache_length
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_cudagraphs_need_cuda_and_heads_need_compile_off(tiny_self_pair):

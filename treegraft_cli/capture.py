@@ -1,18 +1,19 @@
-"""A verify forward with static shapes, run eagerly, compiled, or replayed from CUDA graphs (``--compile``).
+"""Forwards with static shapes, run eagerly, compiled, or replayed from CUDA graphs (``--compile``).
 
 ``DecodeConfig.compile``:
 
 - ``off``: the dynamic path (``CausalLM`` with a growing ``DynamicCache``, a mask as wide as the cache);
 - ``static``: static shapes run eagerly: what ``compile`` and ``cudagraphs`` capture, for testing and debugging;
 - ``compile``: static shapes through ``torch.compile`` (``reduce-overhead`` on CUDA);
-- ``cudagraphs``: static shapes, one CUDA graph per tree-size bucket, captured at first use and replayed.
+- ``cudagraphs``: static shapes, one CUDA graph per row-count bucket, captured at first use and replayed.
 
-Static shapes: the target's cache is a transformers ``StaticCache`` of ``capacity`` rows (its tensors never move,
-so a captured graph keeps pointing at them), the tree is padded to a power-of-two bucket (1, 2, 4, ... nodes), and
-the attention mask spans the whole cache. Padding nodes hang from the root and see only the root and themselves;
-their logits are dropped before verification and their cache rows are cut at the commit, so they are never
-accepted and change nothing a real node computes: outputs are exact like every other path. The drafter's
-forwards stay dynamic.
+Static shapes apply to the target's verify forward and to the model drafter's forwards alike: each model's cache
+is a transformers ``StaticCache`` of ``capacity`` rows (its tensors never move, so a captured graph keeps pointing
+at them), the rows of a forward are padded to a power-of-two bucket (1, 2, 4, ... rows), and the attention mask
+spans the whole cache. A padding row sees only itself (in a verified tree: the root and itself); its logits are
+dropped and its cache row is never visible to a real row and is cut or overwritten later, so it changes nothing a
+real row computes: outputs are exact like every other path. Forwards of more than ``CAPTURED_ROWS`` rows (a
+prompt) run eagerly over the static cache, unpadded.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from .errors import ConfigError
 
 MODES = ("off", "static", "compile", "cudagraphs")
+CAPTURED_ROWS = 64  # padded forwards of at most this many rows; a longer one (a prompt) runs eagerly
 
 
 def bucket(n: int) -> int:
@@ -38,8 +40,10 @@ def check_mode(mode: str, device: torch.device) -> None:
         raise ConfigError("--compile cudagraphs needs a CUDA target", "use --compile off, static or compile on this device")
 
 
-class StaticVerifier:
-    """Runs the padded verify forward of one model for one ``StaticCache`` (see the module docstring)."""
+class StaticForwards:
+    """Runs one model's padded forwards over one ``StaticCache`` (see the module docstring): a tree's verification
+    (``tree_inputs``) or rows with a given mask or a causal one (``rows_inputs``, the drafter's forwards) are written
+    into the bucket's buffers, then ``run``."""
 
     def __init__(self, model: torch.nn.Module, mode: str, capacity: int, dtype: torch.dtype, device: torch.device):
         self.model, self.mode, self.capacity = model, mode, capacity
@@ -48,24 +52,47 @@ class StaticVerifier:
         self.buffers: dict[int, dict[str, torch.Tensor]] = {}
         self.compiled = torch.compile(model, mode="reduce-overhead" if device.type == "cuda" else "default",
                                       dynamic=False) if mode == "compile" else None
+        # a replayed graph writes its logits into the same buffer every time
+        self.reuses_outputs = mode == "cudagraphs" or (mode == "compile" and device.type == "cuda")
 
-    def forward(
+    def tree_inputs(
         self,
-        cache,  # the model's StaticCache, ``prefix`` rows in use
         tokens: torch.Tensor,  # [n] tree tokens, root first
         depths: torch.Tensor,  # [n]
         ancestor_mask: torch.Tensor,  # [n, n] bool
-        prefix: int,
-    ) -> torch.Tensor:  # [n, vocab]
-        n, size = tokens.shape[0], bucket(tokens.shape[0])
-        if prefix + size > self.capacity:
-            raise ConfigError(f"the static cache holds {self.capacity} rows, a step needs {prefix + size}",
-                              "raise max new tokens' headroom or use --compile off")
-        buffers = self._buffers(size)
-        self._fill(buffers, tokens, depths, ancestor_mask, prefix)
+        prefix: int,  # the root's cache row
+    ) -> dict[str, torch.Tensor]:
+        """The bucket's buffers, holding a tree's verify inputs; padding nodes hang from the root."""
+        buffers = self._buffers(self.fitting(tokens.shape[0], prefix))
+        self._fill_tree(buffers, tokens, depths, ancestor_mask, prefix)
+        return buffers
+
+    def rows_inputs(
+        self,
+        tokens: torch.Tensor,  # [n]
+        positions: torch.Tensor,  # [n]
+        mask: torch.Tensor | None,  # [n, width] additive over cache rows 0..width-1 (later ones hidden); None: causal
+        prefix: int,  # the first row's cache row
+    ) -> dict[str, torch.Tensor]:
+        """The bucket's buffers, holding ``n`` rows that see what ``mask`` shows them (or every row up to their own)."""
+        buffers = self._buffers(self.fitting(tokens.shape[0], prefix))
+        self._fill_rows(buffers, tokens, positions, mask, prefix)
+        return buffers
+
+    def run(self, cache, buffers: dict[str, torch.Tensor]) -> torch.Tensor:  # -> [size, vocab]
+        """The forward of the bucket whose ``buffers`` hold the inputs, over ``cache`` (its StaticCache)."""
+        size = buffers["tokens"].shape[1]
         if size not in self.runners:
             self.runners[size] = self._runner(cache, buffers)
-        return self.runners[size]()[:n]
+        return self.runners[size]()
+
+    def fitting(self, n: int, prefix: int, padded: bool = True) -> int:
+        """The rows ``n`` rows take after ``prefix`` (their bucket, when ``padded``), checked against the capacity."""
+        size = bucket(n) if padded else n
+        if prefix + size > self.capacity:
+            raise ConfigError(f"the static cache holds {self.capacity} rows, a forward needs {prefix + size}",
+                              "raise max new tokens' headroom or use --compile off")
+        return size
 
     def _buffers(self, size: int) -> dict[str, torch.Tensor]:
         if size not in self.buffers:
@@ -76,8 +103,8 @@ class StaticVerifier:
             }
         return self.buffers[size]
 
-    def _fill(self, buffers, tokens, depths, ancestor_mask, prefix: int) -> None:
-        """Write this step's inputs into the bucket's buffers in place (a captured graph reads them there)."""
+    def _fill_tree(self, buffers, tokens, depths, ancestor_mask, prefix: int) -> None:
+        """Write a tree's inputs into the bucket's buffers in place (a captured graph reads them there)."""
         n, size = tokens.shape[0], buffers["tokens"].shape[1]
         low = torch.finfo(self.dtype).min
         buffers["tokens"].zero_()
@@ -93,6 +120,24 @@ class StaticVerifier:
         tree[padding, padding] = 0  # itself
         tree[n:, 0] = 0  # and the root
 
+    def _fill_rows(self, buffers, tokens, positions, mask_rows, prefix: int) -> None:
+        """Write plain rows' inputs into the bucket's buffers in place; padding rows see only themselves."""
+        n, size = tokens.shape[0], buffers["tokens"].shape[1]
+        low = torch.finfo(self.dtype).min
+        buffers["tokens"].zero_()
+        buffers["tokens"][0, :n] = tokens
+        buffers["positions"].fill_(prefix)
+        buffers["positions"][0, :n] = positions
+        mask = buffers["mask"][0, 0]  # [size, capacity]
+        mask.fill_(low)
+        if mask_rows is None:  # row j sees every cache row up to its own, prefix + j (padding rows alike)
+            mask.triu_(prefix + 1)
+            return
+        mask[:n, : mask_rows.shape[1]] = mask_rows
+        if size > n:
+            padding = torch.arange(n, size, device=self.device)
+            mask[padding, padding + prefix] = 0
+
     def _runner(self, cache, buffers) -> Callable[[], torch.Tensor]:
         def call(model) -> torch.Tensor:
             return model(input_ids=buffers["tokens"], position_ids=buffers["positions"], attention_mask=buffers["mask"],
@@ -107,12 +152,13 @@ class StaticVerifier:
     def _captured(self, cache, buffers, call) -> Callable[[], torch.Tensor]:
         """A CUDA graph of the forward on the bucket's buffers; the cache's write position is restored around
         every warm-up and the capture, so only replays advance it."""
-        lengths = [layer.cumulative_length for layer in cache.layers]
-        start = [length.clone() for length in lengths]
+        # read as host numbers, once per capture: a layer's first forward (here, when a drafter's first forward is
+        # short) allocates its tensors and replaces its write position with one on the layer's device
+        start = [int(layer.cumulative_length) for layer in cache.layers]
 
         def restore() -> None:
-            for length, value in zip(lengths, start, strict=True):
-                length.copy_(value)
+            for layer, value in zip(cache.layers, start, strict=True):
+                layer.cumulative_length.fill_(value)
 
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))

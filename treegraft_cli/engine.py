@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from .backends import VerifyBackend, select_backend
-from .capture import bucket, check_mode
+from .capture import CAPTURED_ROWS, bucket, check_mode
 from .config import DecodeConfig
 from .errors import ConfigError
 from .lm import CausalLM, inference, on_device_of
@@ -176,8 +176,10 @@ class SpeculativeDecoder:
     ) -> Generation:
         device = self.target.device
         prompt_ids = prompt_ids.to(device)
-        if self.config.compile != "off":
-            self.target.use_static(self.config.compile, self._static_capacity(prompt_ids.numel()))
+        capacity = self._static_capacity(prompt_ids.numel())
+        self.target.use_static(self.config.compile, capacity)
+        if self.drafter is not None:  # the method's ``start`` resets it
+            self.drafter.use_static(self.config.compile, capacity + self._drafter_headroom())
         self.target.reset()
         started = time.perf_counter()
         prefill_logits = self.target.forward(prompt_ids)
@@ -258,6 +260,12 @@ class SpeculativeDecoder:
         tree = bucket(self.config.tree.budget + 1)
         needed = prompt_length + self.config.max_new_tokens + self.config.tree.budget + 1 + tree
         return -(-needed // 512) * 512
+
+    def _drafter_headroom(self) -> int:
+        """Cache rows a model drafter may use beyond the target's: a step's forwards (up to ``depth`` layers of
+        ``top_k`` padded trees' worth) and the padding of its catch-up forward."""
+        tree = self.config.tree
+        return CAPTURED_ROWS + tree.depth * tree.top_k * bucket(tree.budget + 1)
 
     def _commit(self, prefix: int, path: torch.Tensor, accepted: list[int]) -> None:
         """Keep the target's cache rows of the root and the accepted nodes (``path`` [n] on the device,

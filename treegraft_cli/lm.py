@@ -20,7 +20,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import DynamicLayer
 
-from .capture import StaticVerifier, bucket
+from .capture import CAPTURED_ROWS, StaticForwards, bucket
 from .syncs import uncounted
 
 GatherRows = Callable[[Sequence[torch.Tensor], torch.Tensor, int], None]
@@ -92,10 +92,13 @@ class CausalLM:
         self._timed: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # CUDA forwards not yet in forward_s
         self.capture_indices: tuple[int, ...] = ()
         self.last_hidden: torch.Tensor | None = None  # [n, len(capture_indices) * hidden] after a forward
-        # static shapes (``use_static``): the verify forward runs through a StaticVerifier over a StaticCache
-        self.verifier: StaticVerifier | None = None
+        # static shapes (``use_static``): forwards run through StaticForwards over a StaticCache
+        self.static: StaticForwards | None = None
         self._static_cache: StaticCache | None = None
-        self._length = 0  # rows in use in the static cache (its own count lives on the device)
+        self._length = 0  # rows in use in the static cache
+        # where the static cache writes next (its layers' own counts, on the device): past ``_length`` after a
+        # padded forward until a crop or the next forward moves it back
+        self._written = 0
         self._mask_constants: tuple[torch.Tensor, torch.Tensor] | None = None  # see ``_mask_values``
 
     def capture_hidden_states(self, indices: Sequence[int]) -> None:
@@ -121,7 +124,7 @@ class CausalLM:
 
     @property
     def cache_length(self) -> int:
-        if self.verifier is not None:
+        if self.static is not None:
             return self._length
         layer = self.cache.layers[0] if self.cache.layers else None
         if type(layer) is DynamicLayer:  # its length is the keys' row count (the library asks numel() first)
@@ -130,19 +133,23 @@ class CausalLM:
         return self.cache.get_seq_length()
 
     def use_static(self, mode: str, capacity: int) -> None:
-        """Verify forwards with static shapes (``capture.py``) over a StaticCache of at least ``capacity`` rows.
+        """Forwards with static shapes (``capture.py``) over a StaticCache of at least ``capacity`` rows; mode
+        ``off``: the dynamic path. Takes effect at the next ``reset``.
 
-        The cache and the verifier (its compiled function or captured graphs) are kept while they fit, so
+        The cache and its forwards (their compiled function or captured graphs) are kept while they fit, so
         later requests replay what the first one captured.
         """
-        verifier = self.verifier
-        if verifier is None or verifier.mode != mode or verifier.capacity < capacity:
-            self.verifier = StaticVerifier(self.model, mode, capacity, self.dtype, self.device)
+        if mode == "off":
+            self.static, self._static_cache = None, None
+            return
+        static = self.static
+        if static is None or static.mode != mode or static.capacity < capacity:
+            self.static = StaticForwards(self.model, mode, capacity, self.dtype, self.device)
             self._static_cache = StaticCache(config=self.model.config, max_cache_len=capacity)
 
     def reset(self) -> None:
         self.last_hidden = None
-        if self.verifier is None:
+        if self.static is None:
             self.cache = DynamicCache(config=self.model.config)
             return
         self.cache = self._static_cache
@@ -163,15 +170,36 @@ class CausalLM:
         prompt needs the last row alone, and the LM head over every prompt row would cost as much as a
         third of the forward. A caller that builds the additive ``mask`` itself spares the bool one's conversion.
         """
-        if mask is not None:
-            attention_mask = mask[None, None]
-        else:
-            attention_mask = None if visible is None else additive_mask(visible, self.dtype)
-        if attention_mask is not None and self.verifier is not None:  # a static cache: the mask spans all of it
-            wide = attention_mask.new_full((*attention_mask.shape[:-1], self.verifier.capacity), torch.finfo(self.dtype).min)
-            wide[..., : attention_mask.shape[-1]] = attention_mask
-            attention_mask = wide
-        return self._forward(input_ids, position_ids, attention_mask, logits_to_keep)
+        if mask is None and visible is not None:
+            mask = additive_mask(visible, self.dtype)[0, 0]
+        if self.static is not None:
+            return self._forward_static_rows(input_ids, position_ids, mask, logits_to_keep)
+        return self._forward(input_ids, position_ids, None if mask is None else mask[None, None], logits_to_keep)
+
+    def _forward_static_rows(self, input_ids, position_ids, mask, logits_to_keep: int) -> torch.Tensor:
+        """``forward`` over the static cache: padded to a bucket (``StaticForwards.rows``) up to ``CAPTURED_ROWS``
+        rows, else eagerly with the mask widened to the whole cache (no mask: causal, which the model builds)."""
+        n, prefix, static = input_ids.shape[0], self._length, self.static
+        self._rewind()
+        if n > CAPTURED_ROWS:
+            static.fitting(n, prefix, padded=False)
+            if mask is not None:
+                wide = mask.new_full((n, static.capacity), torch.finfo(self.dtype).min)
+                wide[:, : mask.shape[-1]] = mask
+                mask = wide[None, None]
+            return self._forward(input_ids, position_ids, mask, logits_to_keep)
+        if position_ids is None:
+            position_ids = torch.arange(prefix, prefix + n, device=self.device)
+        buffers = static.rows_inputs(input_ids, position_ids, mask, prefix)
+        events = self._device_timing()
+        started = time.perf_counter()
+        with uncounted():
+            logits = static.run(self.cache, buffers)
+        self._length, self._written = prefix + n, prefix + bucket(n)
+        self._count_forward(events, started)
+        logits = logits[n - logits_to_keep : n] if 0 < logits_to_keep < n else logits[:n]
+        # a drafter keeps rows of one forward while it runs the next, which a replay would write over
+        return logits.clone() if static.reuses_outputs else logits
 
     @inference
     def _forward(
@@ -198,8 +226,8 @@ class CausalLM:
             )
         if self.capture_indices:
             self.last_hidden = torch.cat([captured[i][0].to(self.device) for i in self.capture_indices], dim=-1)
-        if self.verifier is not None:
-            self._length += n
+        if self.static is not None:
+            self._length = self._written = self._length + n
         self._count_forward(events, started)
         return out.logits[0]
 
@@ -251,7 +279,7 @@ class CausalLM:
         """Verification forward: each node sees the whole cache plus its own ancestors."""
         prefix = self.cache_length
         n = tokens.shape[0]
-        if self.verifier is not None:
+        if self.static is not None:
             return self._forward_static(tokens, depths, ancestor_mask, prefix)
         if n == 1:
             return self.forward(tokens)
@@ -269,14 +297,17 @@ class CausalLM:
 
     @inference
     def _forward_static(self, tokens, depths, ancestor_mask, prefix: int) -> torch.Tensor:  # -> [n, vocab]
-        """The padded verify forward; the cache then holds the bucket's rows (the commit cuts the padding)."""
+        """The padded verify forward: the cache holds the tree's rows, and the padding's until the commit's crop."""
+        n = tokens.shape[0]
+        self._rewind()
+        buffers = self.static.tree_inputs(tokens, depths, ancestor_mask, prefix)
         events = self._device_timing()
         started = time.perf_counter()
         with uncounted():
-            logits = self.verifier.forward(self.cache, tokens, depths, ancestor_mask, prefix)
-        self._length = prefix + bucket(tokens.shape[0])
+            logits = self.static.run(self.cache, buffers)
+        self._length, self._written = prefix + n, prefix + bucket(n)
         self._count_forward(events, started)
-        return logits
+        return logits[:n]
 
     @inference
     def commit(self, keep_positions: torch.Tensor, start: int, gather: GatherRows | None = None) -> None:
@@ -302,15 +333,21 @@ class CausalLM:
         """Keep the first ``length`` cache rows."""
         self._crop_layers(self._filled_layers(), length)
 
+    def _rewind(self) -> None:
+        """Move a static cache's write position back to its last row in use (past it: a padded forward's padding)."""
+        if self._written != self._length:
+            self._crop_layers(self._filled_layers(), self._length)
+
     def _filled_layers(self) -> list:
         return [layer for layer in self.cache.layers if getattr(layer, "is_initialized", True) and layer.keys is not None]
 
     def _crop_layers(self, layers: Sequence, end: int) -> None:
-        if self.verifier is not None:  # a static cache keeps its tensors: only the write position moves back
-            if end < self._length:
+        if self.static is not None:  # a static cache keeps its tensors: only the write position moves back
+            if end < self._written:
                 for layer in layers:
                     layer.cumulative_length.fill_(end)
-                self._length = end
+                self._written = end
+            self._length = min(self._length, end)
             return
         for layer in layers:
             if layer.keys.shape[-2] > end:
