@@ -5,7 +5,7 @@
 #      (benchmarks/gpu_check.py; any mismatch fails the script);
 #   2. the kernel micro-benchmark table (benchmarks/verify_kernels.py);
 #   3. host overhead and host-device synchronisations per step, per method (benchmarks/host_overhead.py;
-#      on CUDA the driver's own count too);
+#      on CUDA the driver's own count too, and a second table with the forwards replayed from CUDA graphs);
 #   4. the CUDA-graph speedup of the verify and drafter forwards (benchmarks/compile_speedup.py: --compile off,
 #      static and cudagraphs on a Qwen3-8B-shaped target; every mode must give the same tokens).
 # Usage: benchmarks/gpu_check.sh [--device cuda|cpu] [--small]
@@ -43,6 +43,10 @@ python benchmarks/verify_kernels.py --device "$DEVICE" --nodes $NODES --vocab $V
 
 step "3. host overhead and synchronisations per step (tiny pair)"
 OMP_NUM_THREADS=1 python benchmarks/host_overhead.py --device "$DEVICE" --repeats $REPEATS --max-new-tokens $NEW || status=1
+if [ "$DEVICE" = "cuda" ]; then  # the same with the forwards replayed from CUDA graphs: what is left is host work
+  OMP_NUM_THREADS=1 python benchmarks/host_overhead.py --device cuda --compile cudagraphs --repeats $REPEATS \
+    --max-new-tokens $NEW || status=1
+fi
 
 step "4. CUDA-graph speedup of the verify and drafter forwards"
 python benchmarks/compile_speedup.py --device "$DEVICE" $SMALL || status=1

@@ -26,6 +26,7 @@ from dataclasses import replace  # noqa: E402
 
 import torch  # noqa: E402
 
+from treegraft_cli.capture import MODES  # noqa: E402
 from treegraft_cli.config import DecodeConfig, TreeConfig, parse_options  # noqa: E402
 from treegraft_cli.engine import Generation  # noqa: E402
 from treegraft_cli.pipeline import Pipeline  # noqa: E402
@@ -103,6 +104,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--top-k", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kernels", default="auto")
+    parser.add_argument("--compile", default="off", choices=MODES, help="static shapes for the forwards (capture.py)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
                         help="a method option given to every method (e.g. device_layers=false), repeatable")
@@ -121,12 +123,13 @@ def main() -> None:
         tree=TreeConfig(budget=args.budget, depth=args.depth, top_k=args.top_k),
         max_new_tokens=args.max_new_tokens,
         kernels=args.kernels,
+        compile=args.compile,
         method_options=parse_options(args.option),
     )
     rows = {}
     for method in args.methods:
         rows[method] = measure(pipeline, replace(base, method=method), inputs, args.repeats)
-    print(f"{args.pair} {args.dtype} {args.device}, {args.threads} thread(s), {args.prompts} prompts, "
+    print(f"{args.pair} {args.dtype} {args.device}, --compile {args.compile}, {args.threads} thread(s), {args.prompts} prompts, "
           f"{args.max_new_tokens} tokens, N={args.budget} D={args.depth} K={args.top_k}, median of {args.repeats}")
     print(table(rows))
     if args.show_calls:

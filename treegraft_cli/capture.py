@@ -121,12 +121,11 @@ class StaticForwards:
         tree[n:, 0] = 0  # and the root
 
     def _fill_rows(self, buffers, tokens, positions, mask_rows, prefix: int) -> None:
-        """Write plain rows' inputs into the bucket's buffers in place; padding rows see only themselves."""
+        """Write plain rows' inputs into the bucket's buffers in place; padding rows see only themselves (their
+        token and position are whatever an earlier forward left, valid values that only their own rows read)."""
         n, size = tokens.shape[0], buffers["tokens"].shape[1]
         low = torch.finfo(self.dtype).min
-        buffers["tokens"].zero_()
         buffers["tokens"][0, :n] = tokens
-        buffers["positions"].fill_(prefix)
         buffers["positions"][0, :n] = positions
         mask = buffers["mask"][0, 0]  # [size, capacity]
         mask.fill_(low)
