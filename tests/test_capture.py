@@ -7,7 +7,7 @@ import torch
 from conftest import random_prompt, reference_greedy, speculative
 from typer.testing import CliRunner
 
-from treegraft_cli.capture import bucket
+from treegraft_cli.capture import StaticForwards, bucket
 from treegraft_cli.cli import app
 from treegraft_cli.config import DecodeConfig, TreeConfig
 from treegraft_cli.engine import SpeculativeDecoder
@@ -41,26 +41,32 @@ def test_a_static_cache_serves_later_requests_exactly(tiny_self_pair):
     drafter, target = tiny_self_pair
     config = DecodeConfig(method="dense", tree=TREE, max_new_tokens=30, compile="static")
     decoder = SpeculativeDecoder(CausalLM(target.model), config, drafter=CausalLM(drafter.model))
-    verifiers = []
+    kept = []
     for seed in (1, 2, 1):
         prompt = random_prompt(seed, length=10 + 7 * seed)
         assert decoder.generate(prompt).output_ids == reference_greedy(target, prompt, 30)
-        verifiers.append(decoder.target.static)
-    assert verifiers[0] is not None and all(v is verifiers[0] for v in verifiers)
+        kept.append((decoder.target.static, decoder.drafter.static))
+    assert kept[0][0] is not None and kept[0][1] is not None and all(k == kept[0] for k in kept)
 
 
-def test_padding_sees_only_the_root_and_itself(tiny_self_pair):
-    drafter, target = tiny_self_pair
-    config = DecodeConfig(method="dense", tree=TREE, max_new_tokens=8, compile="static")
-    decoder = SpeculativeDecoder(CausalLM(target.model), config, drafter=CausalLM(drafter.model))
-    decoder.generate(random_prompt(3))
-    verifier = decoder.target.static
-    size, buffers = max(verifier.buffers.items())
-    visible = buffers["mask"][0, 0] == 0  # [size, capacity]
-    last = size - 1  # a padding node unless the tree filled the bucket exactly
-    rows = torch.nonzero(visible[last]).flatten().tolist()
-    prefix = rows[0] if rows[0] > 0 else None
-    assert prefix is None or rows[-1] - prefix == last  # the committed rows, the root and itself
+def test_padding_sees_only_the_root_and_itself():
+    static = StaticForwards(torch.nn.Identity(), "static", capacity=16, dtype=torch.float32, device=torch.device("cpu"))
+    chain = torch.ones(3, 3, dtype=torch.bool).tril()  # root, child, grandchild
+    buffers = static.tree_inputs(torch.tensor([5, 6, 7]), torch.tensor([0, 1, 2]), chain, prefix=3)
+    visible = buffers["mask"][0, 0] == 0  # [4, 16]: three nodes and one padding node
+    assert torch.nonzero(visible[2]).flatten().tolist() == [0, 1, 2, 3, 4, 5]  # committed rows, its ancestors, itself
+    assert torch.nonzero(visible[3]).flatten().tolist() == [0, 1, 2, 3, 6]  # committed rows, the root, itself
+
+
+def test_padding_rows_see_only_themselves():
+    static = StaticForwards(torch.nn.Identity(), "static", capacity=16, dtype=torch.float32, device=torch.device("cpu"))
+    shown = torch.full((3, 5), torch.finfo(torch.float32).min)
+    shown[:, :2] = 0  # every row sees the two committed rows
+    buffers = static.rows_inputs(torch.tensor([5, 6, 7]), torch.tensor([2, 3, 4]), shown, prefix=2)
+    visible = buffers["mask"][0, 0] == 0  # [4, 16]
+    assert [torch.nonzero(row).flatten().tolist() for row in visible] == [[0, 1], [0, 1], [0, 1], [5]]
+    causal = static.rows_inputs(torch.tensor([5, 6, 7]), torch.tensor([2, 3, 4]), None, prefix=2)["mask"][0, 0] == 0
+    assert [int(row.sum()) for row in causal] == [3, 4, 5, 6]  # row j: every cache row up to its own, 2 + j
 
 
 @pytest.mark.parametrize("method", ["chain", "dense", "treegraft"])

@@ -177,8 +177,9 @@ class CausalLM:
         return self._forward(input_ids, position_ids, None if mask is None else mask[None, None], logits_to_keep)
 
     def _forward_static_rows(self, input_ids, position_ids, mask, logits_to_keep: int) -> torch.Tensor:
-        """``forward`` over the static cache: padded to a bucket (``StaticForwards.rows``) up to ``CAPTURED_ROWS``
-        rows, else eagerly with the mask widened to the whole cache (no mask: causal, which the model builds)."""
+        """``forward`` over the static cache: padded to a bucket (``StaticForwards.rows_inputs``) up to
+        ``CAPTURED_ROWS`` rows, else eagerly with the mask widened to the whole cache (no mask: causal, which the
+        model builds)."""
         n, prefix, static = input_ids.shape[0], self._length, self.static
         self._rewind()
         if n > CAPTURED_ROWS:
