@@ -102,6 +102,53 @@ def test_padded_rows_leave_the_cache_as_unpadded_forwards_do(tiny_self_pair):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+class ReplayedOnCPU:
+    """Stands in for ``CudaGraphs`` on CPU: a replay reruns the forward and writes its logits into the tensor the
+    capture returned, as a graph replay does; the capture runs the forward once (a real one launches nothing: the
+    write position it moves is restored after it)."""
+
+    def __init__(self):
+        self.captures = 0
+
+    def warm_up(self, run, restore):
+        run()
+        restore()
+
+    def capture(self, run):
+        self.captures += 1
+        output = run()
+
+        def replay():
+            return output.copy_(run())
+
+        return replay
+
+
+def test_replayed_forwards_match_the_dynamic_path(tiny_self_pair):
+    """The ``cudagraphs`` bookkeeping on CPU: captures restore the cache's write position, replays write one output
+    buffer (rows a drafter keeps are copies), trees and rows share a bucket, and a commit keeps the right rows."""
+    target = tiny_self_pair[1].model
+    dynamic, replayed = CausalLM(target), CausalLM(target)
+    replayed.use_static("cudagraphs", 128)
+    graphs = replayed.static.graphs = ReplayedOnCPU()
+    replayed.reset()
+    prompt = random_prompt(8, length=13)
+    want, got = dynamic.forward(prompt), replayed.forward(prompt)  # padded to 16 rows
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    chain = torch.ones(3, 3, dtype=torch.bool).tril()
+    tokens, depths = prompt[:3], torch.arange(3)
+    torch.testing.assert_close(replayed.forward_tree(tokens, depths, chain), dynamic.forward_tree(tokens, depths, chain),
+                               rtol=1e-5, atol=1e-5)  # bucket 4
+    for lm in (dynamic, replayed):
+        lm.commit(torch.tensor([13, 15]), 13)  # the root and the grandchild's row, as a commit of a path would
+    kept, kept_want = replayed.forward(prompt[4:5]), dynamic.forward(prompt[4:5])  # bucket 1
+    later, later_want = replayed.forward(prompt[6:7]), dynamic.forward(prompt[6:7])  # bucket 1 again: a replay
+    for a, b in ((kept, kept_want), (later, later_want)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert replayed.cache_length == dynamic.cache_length == 17
+    assert graphs.captures == 3  # buckets 16, 4 and 1, each captured once
+
+
 def test_cudagraphs_need_cuda_and_heads_need_compile_off(tiny_self_pair):
     drafter, target = tiny_self_pair
     with pytest.raises(ConfigError, match="CUDA"):

@@ -52,6 +52,7 @@ class StaticForwards:
         self.buffers: dict[int, dict[str, torch.Tensor]] = {}
         self.compiled = torch.compile(model, mode="reduce-overhead" if device.type == "cuda" else "default",
                                       dynamic=False) if mode == "compile" else None
+        self.graphs = CudaGraphs(device) if mode == "cudagraphs" else None  # what captures and replays the buckets
         # a replayed graph writes its logits into the same buffer every time
         self.reuses_outputs = mode == "cudagraphs" or (mode == "compile" and device.type == "cuda")
 
@@ -149,7 +150,7 @@ class StaticForwards:
         return self._captured(cache, buffers, call)
 
     def _captured(self, cache, buffers, call) -> Callable[[], torch.Tensor]:
-        """A CUDA graph of the forward on the bucket's buffers; the cache's write position is restored around
+        """The forward on the bucket's buffers captured by ``graphs``; the cache's write position is restored around
         every warm-up and the capture, so only replays advance it."""
         # read as host numbers, once per capture: a layer's first forward (here, when a drafter's first forward is
         # short) allocates its tensors and replaces its write position with one on the layer's device
@@ -159,21 +160,38 @@ class StaticForwards:
             for layer, value in zip(cache.layers, start, strict=True):
                 layer.cumulative_length.fill_(value)
 
+        self.graphs.warm_up(lambda: call(self.model), restore)
+        replay = self.graphs.capture(lambda: call(self.model))
+        restore()
+        # the first request is served by a replay too, so every step runs the same code
+        return replay
+
+
+class CudaGraphs:
+    """Captures a forward as a CUDA graph on ``device`` and replays it. A replay writes its output into the tensor
+    the capture returned, every time."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def warm_up(self, run: Callable[[], torch.Tensor], restore: Callable[[], None]) -> None:
+        """Run twice on a side stream before capturing (allocator, kernel selection), ``restore`` after each."""
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up outside the graph (allocator, kernel selection)
-                call(self.model)
+            for _ in range(2):
+                run()
                 restore()
         torch.cuda.current_stream(self.device).wait_stream(stream)
+
+    def capture(self, run: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+        """Record ``run`` (a capture launches nothing) and return its replay."""
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            logits = call(self.model)
-        restore()
+            output = run()
 
         def replay() -> torch.Tensor:
             graph.replay()
-            return logits
+            return output
 
-        # the first request is served by a replay too, so every step runs the same code
         return replay
