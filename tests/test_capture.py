@@ -167,7 +167,7 @@ def test_generate_takes_compile(tiny_self_pair):
 
 @pytest.mark.slow
 def test_torch_compile_matches_greedy(tiny_self_pair):
-    """torch.compile of the static verify forward (minutes on CPU: it compiles once per bucket)."""
+    """torch.compile of the static verify and drafter forwards (minutes on CPU: it compiles once per model and bucket)."""
     prompt = repetitive_prompt(6)
     config = DecodeConfig(method="dense", tree=TreeConfig(budget=6, depth=3, top_k=2), max_new_tokens=24, compile="compile")
     assert speculative(tiny_self_pair, config, prompt).output_ids == reference_greedy(tiny_self_pair[1], prompt, 24)
