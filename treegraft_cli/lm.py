@@ -191,13 +191,7 @@ class CausalLM:
             return self._forward(input_ids, position_ids, mask, logits_to_keep)
         if position_ids is None:
             position_ids = torch.arange(prefix, prefix + n, device=self.device)
-        buffers = static.rows_inputs(input_ids, position_ids, mask, prefix)
-        events = self._device_timing()
-        started = time.perf_counter()
-        with uncounted():
-            logits = static.run(self.cache, buffers)
-        self._length, self._written = prefix + n, prefix + bucket(n)
-        self._count_forward(events, started)
+        logits = self._run_static(static.rows_inputs(input_ids, position_ids, mask, prefix), prefix, n)
         logits = logits[n - logits_to_keep : n] if 0 < logits_to_keep < n else logits[:n]
         # a drafter keeps rows of one forward while it runs the next, which a replay would write over
         return logits.clone() if static.reuses_outputs else logits
@@ -301,14 +295,18 @@ class CausalLM:
         """The padded verify forward: the cache holds the tree's rows, and the padding's until the commit's crop."""
         n = tokens.shape[0]
         self._rewind()
-        buffers = self.static.tree_inputs(tokens, depths, ancestor_mask, prefix)
+        return self._run_static(self.static.tree_inputs(tokens, depths, ancestor_mask, prefix), prefix, n)[:n]
+
+    def _run_static(self, buffers: dict[str, torch.Tensor], prefix: int, n: int) -> torch.Tensor:  # -> [bucket, vocab]
+        """Run the bucket whose ``buffers`` hold ``n`` rows written at ``prefix``, timed as a forward; the cache then
+        holds the ``n`` rows and writes next after their padding."""
         events = self._device_timing()
         started = time.perf_counter()
         with uncounted():
             logits = self.static.run(self.cache, buffers)
         self._length, self._written = prefix + n, prefix + bucket(n)
         self._count_forward(events, started)
-        return logits[:n]
+        return logits
 
     @inference
     def commit(self, keep_positions: torch.Tensor, start: int, gather: GatherRows | None = None) -> None:
