@@ -10,7 +10,8 @@ its torch reference (Liger-Kernel layout):
 | ``kv_commit`` | ``gather_rows(tensors, keep_positions, start)`` | ``lm.gather_rows`` |
 
 This package imports without triton; the kernel modules themselves need it, so import them only after
-``triton_status()`` says they can run. Triton runs on CUDA tensors, or on CPU tensors when
+``triton_status()`` says they can run. ``cross_compile`` compiles them for GPU architectures this machine
+may not have (no launch). Triton runs on CUDA tensors, or on CPU tensors when
 ``TRITON_INTERPRET=1`` was set before triton was first imported (how CI tests the kernels).
 """
 
