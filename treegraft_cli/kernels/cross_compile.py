@@ -33,7 +33,7 @@ from ..errors import ConfigError
 from . import interpreting
 
 # dynamic shared memory one block may use (cudaDevAttrMaxSharedMemoryPerBlockOptin) by compute capability
-SHARED_LIMITS = {80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448}
+SHARED_LIMITS = {80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448, 100: 232_448}
 
 
 @dataclass(frozen=True, eq=False)
