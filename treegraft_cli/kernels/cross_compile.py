@@ -136,6 +136,8 @@ def recording(capability: int = 90) -> Iterator[list[Launch]]:
     finally:
         knobs.runtime.jit_cache_hook = previous_hook
         driver.set_active(previous_driver)
+        for jit_function in {id(launch.jit_function): launch.jit_function for launch in launches}.values():
+            jit_function.device_caches.clear()  # they hold the stand-in's target: a real launch must not use it
 
 
 def compile_launch(launch: Launch, capability: int) -> Compiled:
