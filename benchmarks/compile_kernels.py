@@ -15,6 +15,7 @@ import argparse
 import os
 import sys
 
+from treegraft_cli.kernels import interpreting
 from treegraft_cli.kernels.cross_compile import Compiled, LaunchSizes, cross_compile, launch_every_kernel
 
 
@@ -44,7 +45,7 @@ def _print(result: Compiled) -> None:
 
 
 if __name__ == "__main__":
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):  # decided at triton's import: start afresh
+    if interpreting():  # decided at triton's import: start afresh without it
         environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         os.execve(sys.executable, [sys.executable, *sys.argv], environment)
     sys.exit(main())
