@@ -332,7 +332,26 @@ def test_verify_cost_grows_with_the_tree_when_the_root_alone_was_timed():
     flat, growing = CostModel(300.0, 90.0), CostModel(300.0, 90.0, verify_root_ms=200.0)
     assert flat.verify_at(0, 16) == flat.verify_at(16, 16) == 300.0
     assert [growing.verify_at(n, 16) for n in (0, 8, 16, 40)] == [200.0, 250.0, 300.0, 300.0]
-    assert flat.node_ms(16) == 0.0 and growing.node_ms(16) == pytest.approx(6.25)  # verify_at's slope
+    assert not flat.grows and growing.grows
+
+
+def test_verify_cost_follows_the_measured_curve():
+    # a CPU-like curve: the second token moves the products off the one-row kernel, later tokens cost little
+    curve = CostModel(300.0, 90.0, 100.0, verify_curve=((1, 100.0), (2, 200.0), (4, 220.0), (17, 300.0)))
+    assert [curve.verify_at(n, 16) for n in (0, 1, 2, 3, 16, 40)] == pytest.approx([100, 200, 210, 220, 300, 300])
+    assert curve.grows
+
+
+def test_verified_count_weighs_whole_trees_not_only_the_next_node():
+    """At 0.005 tokens per ms the line of 6.25 ms per node keeps nodes of reach >= 1/32; on the curve the first
+    node costs 100 ms (0.5 tokens) and the next ones about 6 ms: one node of 0.4 does not pay, four together do."""
+    line, curve = CostModel(300.0, 90.0, 200.0), CostModel(300.0, 90.0, 100.0, ((1, 100.0), (2, 200.0), (17, 300.0)))
+    reach = [0.4, 0.3, 0.2, 0.1, 0.02]
+    assert line.verified_count(reach, 0.005, 16) == 4  # 0.02 < 0.03125 <= 0.1
+    assert curve.verified_count(reach[:1], 0.005, 16) == 0  # 0.4 − 0.5 < 0
+    assert curve.verified_count(reach, 0.005, 16) == 4  # 1.0 − 0.005 · 220 > 0, the fifth adds 0.02 − 0.033
+    assert curve.verified_count(reach, 0.02, 16) == 0  # at a rate 4x higher no tree pays for its first node
+    assert curve.verified_count([1.0] * 20, 0.001, 16) == 16  # never more than the budget
 
 
 def test_hit_rate_follows_how_often_strong_children_hold_the_next_token():
@@ -619,9 +638,9 @@ def test_step_rule_verifies_only_nodes_whose_reach_pays_for_their_verification()
     rule = StepRule(call_budget=5, hit_rate=0.8, short_layers=(), clock=clock)
     assert rule.trim(tree, costs, 16) is tree  # R unmeasured: every node is verified
     run_step(rule, clock, strong_chain(4), 5, 600.0)
-    assert rule.node_floor(costs, 16) == pytest.approx(5 / 600 * 3.75)
+    assert rule.rate == pytest.approx(5 / 600)
     reach = rule.calibration.reach(tree)  # a 0.98, b 0.34, c 0.017, d 0.05
-    assert reach[4] < rule.node_floor(costs, 16) < reach[2]
+    assert reach[4] < 5 / 600 * 3.75 < reach[2]  # what a node must add to pay for its 3.75 ms
     trimmed = rule.trim(tree, costs, 16)
     assert trimmed.tokens.tolist() == [0, 1, 4, 2]  # c dropped; its ancestors and d stay
     assert trimmed.parents.tolist() == [-1, 0, 0, 1]

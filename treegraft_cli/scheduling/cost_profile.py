@@ -34,7 +34,7 @@ import yaml
 
 from ..atomic import atomic_write_text
 from ..errors import ConfigError
-from .policies import CostModel
+from .policies import CostModel, interpolate
 from .values import catch_up_share
 
 KIND = "treegraft-cost-profile"
@@ -79,12 +79,11 @@ class CostProfile:
 
     def cost_model(self, budget: int, width: int, context: int) -> CostModel:
         """The scheduler's costs, as ``scheduling.costs.measure_costs`` defines them: a target forward of a
-        full tree (N + 1 tokens), a strong call over 2·K tokens, and a target forward of the root alone."""
-        return CostModel(
-            self.target_forward_ms(budget + 1, context),
-            self.drafter_forward_ms(2 * width, context),
-            self.target_forward_ms(1, context),
-        )
+        full tree (N + 1 tokens), a strong call over 2·K tokens, and the verification curve at the profile's
+        tree sizes up to N + 1 (the root alone and a full tree included)."""
+        sizes = sorted({1, budget + 1, *(t for t in self.tree_tokens if t <= budget + 1)})
+        curve = tuple((tokens, self.target_forward_ms(tokens, context)) for tokens in sizes)
+        return CostModel(curve[-1][1], self.drafter_forward_ms(2 * width, context), curve[0][1], curve)
 
     def step_ms(self, tree_tokens: int, strong_calls: int, weak_layers: int, width: int, context: int,
                 lag: int = 0) -> float:
@@ -112,21 +111,9 @@ def _measurement(profile: CostProfile) -> dict[str, Any]:
     }
 
 
-def _interpolate(x: float, xs: Sequence[int], ys: Sequence[float]) -> float:
-    """Piecewise linear; clamped below the first point, extended along the last segment (not below its end)."""
-    if len(xs) == 1 or x <= xs[0]:
-        return float(ys[0])
-    for i in range(1, len(xs)):
-        if x <= xs[i] or i == len(xs) - 1:
-            slope = (ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1])
-            value = ys[i - 1] + slope * (x - xs[i - 1])
-            return float(max(value, ys[i]) if x > xs[i] else value)
-    return float(ys[-1])
-
-
 def _surface(contexts: Sequence[int], tokens: Sequence[int], grid: Sequence[Sequence[float]], context: int, n: int) -> float:
-    per_context = [_interpolate(n, tokens, row) for row in grid]
-    return max(_interpolate(context, contexts, per_context), 1e-6)
+    per_context = [interpolate(n, tokens, row) for row in grid]
+    return max(interpolate(context, contexts, per_context), 1e-6)
 
 
 def profile_document(profile: CostProfile) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Warm-up cost measurement, used when no profile or explicit costs are given.
 
-Times a target forward of a full tree (N + 1 tokens) and a strong drafter forward of a typical call
-(2·K tokens) after a short context, each on a scratch KV cache so no decoding state is touched. The
+Times target forwards of trees from the root alone to a full tree (N + 1 tokens: the verification curve)
+and a strong drafter forward of a typical call (2·K tokens) after a short context, each on a scratch KV cache so no decoding state is touched. The
 median of a few repeats after one untimed run.
 
 An EAGLE-3 head is timed the same way (``timing_lm``): one head forward of 2·K tokens, zero features in
@@ -80,6 +80,17 @@ def measure_costs(
     budget: int,
     width: int,
 ) -> CostModel:
-    verify_ms = forward_ms(target, context, budget + 1)
+    """One strong call, and the target's verification curve: the root alone, trees of 2, 4, 8, … tokens below a
+    full tree, and a full tree (N + 1 tokens)."""
+    curve = tuple((tokens, forward_ms(target, context, tokens)) for tokens in curve_tokens(budget))
     strong_ms = forward_ms(drafter, context, 2 * width) if drafter is not None else 0.0
-    return CostModel(verify_ms=verify_ms, strong_ms=strong_ms, verify_root_ms=forward_ms(target, context, 1))
+    return CostModel(verify_ms=curve[-1][1], strong_ms=strong_ms, verify_root_ms=curve[0][1], verify_curve=curve)
+
+
+def curve_tokens(budget: int) -> tuple[int, ...]:
+    """Tree sizes (root included) the verification curve is measured at: 1, the powers of two below N + 1, N + 1."""
+    sizes, tokens = [1], 2
+    while tokens < budget + 1:
+        sizes.append(tokens)
+        tokens *= 2
+    return (*sizes, budget + 1) if budget >= 1 else (1,)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -93,25 +93,46 @@ class CostModel:
     """Measured costs on this device: one target verification of a full tree, one strong drafter call.
 
     ``verify_root_ms``, the verification of the root alone, makes the verify cost grow with the tree
-    (linearly between the two; 0: unknown, every tree costs ``verify_ms``). On a GPU the two are close;
-    on a CPU a full tree of 16 nodes costs about 1.5 times the root alone.
+    (linearly between the two; 0: unknown, every tree costs ``verify_ms``). ``verify_curve``, when measured,
+    replaces that line by the measured points. A line misjudges small trees on a CPU, where a second row
+    moves a matrix product off the one-row kernel and can cost as much as the first (fp32 on an AVX2 core:
+    2 tokens 1.4× one, 17 tokens 5×); on a GPU the curve is nearly flat up to a tile and then steps.
     """
 
     verify_ms: float
     strong_ms: float
     verify_root_ms: float = 0.0
+    # (tree tokens, ms) measured points, tokens ascending, the root alone being 1 token (``interpolate`` between)
+    verify_curve: tuple[tuple[int, float], ...] = ()
 
     def verify_at(self, nodes: int, budget: int) -> float:
         """Modelled ms to verify a tree of ``nodes`` non-root nodes (at most ``budget`` count)."""
+        if self.verify_curve:
+            tokens, times = zip(*self.verify_curve, strict=True)
+            return interpolate(min(nodes, max(budget, 0)) + 1, tokens, times)
         if self.verify_root_ms <= 0 or budget <= 0:
             return self.verify_ms
         return self.verify_root_ms + (self.verify_ms - self.verify_root_ms) * min(nodes, budget) / budget
 
-    def node_ms(self, budget: int) -> float:
-        """Modelled ms one more node adds to a verification (``verify_at``'s slope; 0 when the model is flat)."""
-        if self.verify_root_ms <= 0 or budget <= 0:
-            return 0.0
-        return max(0.0, self.verify_ms - self.verify_root_ms) / budget
+    @property
+    def grows(self) -> bool:
+        """Whether a bigger tree costs more to verify (a flat model gives no reason to verify fewer nodes)."""
+        return bool(self.verify_curve) or 0 < self.verify_root_ms < self.verify_ms
+
+    def verified_count(self, reach: list[float], rate: float, budget: int) -> int:
+        """How many of the best nodes to verify: the count m maximising Σ reach[:m] − rate · verify_at(m).
+
+        ``reach`` holds the candidate nodes' expected accepted tokens, best first; ``rate`` is tokens per ms. Every
+        count is weighed, not only the next node against the slope: on a CPU the first node past the root costs
+        far more than the ones after it, so a tree can pay as a whole where no single node would. On a line this
+        keeps every node whose reach is at least rate × the line's slope. Ties keep the larger tree."""
+        best, best_value, gained = 0, -rate * self.verify_at(0, budget), 0.0
+        for m, value in enumerate(reach[:budget], start=1):
+            gained += value
+            worth = gained - rate * self.verify_at(m, budget)
+            if worth >= best_value:
+                best, best_value = m, worth
+        return best
 
     @property
     def log_ratio(self) -> float:
@@ -119,6 +140,18 @@ class CostModel:
         if self.verify_ms <= 0 or self.strong_ms <= 0:
             return 0.0
         return math.log(self.verify_ms / self.strong_ms)
+
+
+def interpolate(x: float, xs: Sequence[int], ys: Sequence[float]) -> float:
+    """Piecewise linear; clamped below the first point, extended along the last segment (not below its end)."""
+    if len(xs) == 1 or x <= xs[0]:
+        return float(ys[0])
+    for i in range(1, len(xs)):
+        if x <= xs[i] or i == len(xs) - 1:
+            slope = (ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1])
+            value = ys[i - 1] + slope * (x - xs[i - 1])
+            return float(max(value, ys[i]) if x > xs[i] else value)
+    return float(ys[-1])
 
 
 @dataclass(frozen=True)

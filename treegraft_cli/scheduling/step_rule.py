@@ -32,15 +32,17 @@ ratio objectives). So the step takes the kind with the largest
   verified step (a new request when the bench resets state per question) R is the best modelled rate
   τ_kind / T_kind, so the first step takes the kind that promises the most tokens per ms.
 
-The same value decides which nodes a step verifies. On a CPU the verification grows with the tree (each
-node costs ``CostModel.node_ms``: (verify_ms − verify_root_ms) / N), so a node is worth verifying only if the tokens it is
-expected to add, its calibrated reach, exceed what its verification time would have earned at rate R:
-``trim`` drops every node with reach < R · ms_per_node (reach never grows down a path, so what remains is
-prefix-closed), and τ_weak and T_weak count only the previewed tokens above that floor. The calibration learns
-from the tree before the trim (a dropped node is judged against the tokens the step committed), so the rates
-of the bins the trim drops stay measured instead of keeping their prior. On a GPU, where a
-tree costs about what the root alone costs, the floor is ~0 and nothing is dropped. Before R is measured
-nothing is trimmed.
+The same value decides which nodes a step verifies. On a CPU the verification grows with the tree
+(``CostModel.verify_at``: the measured curve of tree size against time), so a step verifies the m nodes of
+highest calibrated reach (their expected accepted tokens) for the m with the largest Σ reach − R·T_verify(m)
+(``CostModel.verified_count``): nodes whose tokens are worth less than the time their verification would
+have earned at rate R are dropped. Every m is weighed, not only the next node against the curve's slope: on
+a CPU the first node after the root costs far more than the ones after it. Reach never grows down a path,
+so the kept nodes are prefix-closed, and τ_weak and T_weak count only the previewed tokens that would be
+kept. The calibration learns from the tree before the trim (a dropped node is judged against the tokens the
+step committed), so the rates of the bins the trim drops stay measured instead of keeping their prior. On a
+GPU, where a tree costs about what the root alone costs, nothing is dropped. Before R is measured nothing
+is trimmed.
 
 A strong step whose first call catches the drafter up on more than ``max_lag`` committed tokens (the
 prompt, at a generation's first call) pays a one-off cost: its time is kept out of T and R, and its
@@ -82,7 +84,6 @@ from .policies import (
     SchedulerState,
     WeakPreview,
     check_distilled_pair,
-    expected_accepted,
     feature_vector,
     kind_one_hot,
     leading_layers,
@@ -279,32 +280,36 @@ class StepRule(CallPolicy):
         return max(0.0, weak.mean_ms(modelled) + modelled - costs.verify_at(mean_nodes, budget))
 
     def weak_estimate(self, state: SchedulerState) -> tuple[float, int]:
-        """(e, nodes): the previewed chains' calibrated expected accepted length and the nodes they add, both
-        over the tokens a weak step would verify (those above ``node_floor``)."""
+        """(e, nodes): the calibrated expected accepted length of the tree a weak step would verify (the previewed
+        chains and what the tree holds, as ``trim`` would cut them) and its size."""
         if state.weak is None:
             return 1.0, 0
-        floor = self.node_floor(state.costs, state.budget)
         reach = self.calibration.reach_list(state.tree)
-        weak = [r for r in state.weak.reach(reach, self.calibration.node_rate) if r >= floor]
-        in_tree = [r for r in reach[1:] if r >= floor]
-        return expected_accepted(in_tree + weak, state.budget), min(len(weak), state.budget)
+        weak = state.weak.reach(reach, self.calibration.node_rate)
+        best = sorted(reach[1:] + list(weak), reverse=True)[: state.budget]
+        kept = self.verified(best, state.costs, state.budget)
+        return 1.0 + sum(best[:kept]), kept
 
-    def node_floor(self, costs: CostModel, budget: int) -> float:
-        """The reach below which a node costs more verification time than its tokens are worth at rate R
-        (0 while R is unmeasured, when trimming is off, or when the cost model has no per-node slope)."""
-        if not self.trimming or self.ms <= 0:
-            return 0.0
-        return self.rate * costs.node_ms(budget)
+    def verified(self, reach: list[float], costs: CostModel, budget: int) -> int:
+        """How many of the nodes (reach best first) a step verifies: all while R is unmeasured, trimming is off or
+        the cost model is flat, else ``CostModel.verified_count`` at rate R."""
+        if not self.trimming or self.ms <= 0 or not costs.grows:
+            return min(len(reach), budget)
+        return costs.verified_count(reach, self.rate, budget)
 
     def trim(self, tree: DraftTree, costs: CostModel, budget: int) -> DraftTree:
         self.untrimmed = None
-        floor = self.node_floor(costs, budget)
-        if floor <= 0 or tree.size == 0:
+        if tree.size == 0:
             return tree
-        # reach never grows down a path (every rate is at most 1), so the kept nodes are prefix-closed
-        kept = [node for node, reach in enumerate(self.calibration.reach_list(tree)) if node == 0 or reach >= floor]
+        reach = self.calibration.reach_list(tree)
+        # best first, ties to the lower index: reach never grows down a path (every rate is at most 1), so any
+        # prefix of this order is prefix-closed
+        order = sorted(range(1, len(reach)), key=lambda node: (-reach[node], node))
+        kept = self.verified([reach[node] for node in order], costs, budget)
+        if kept >= len(order):
+            return tree
         self.untrimmed = tree  # what ``observe`` calibrates on: the nodes trimmed away count too
-        return tree if len(kept) == tree.num_nodes else tree.select(longs(kept))
+        return tree.select(longs([0, *sorted(order[:kept])]))
 
     def strong_tau(self, kind: StepKind) -> float:
         """τ of a strong kind: measured, or the prior before its first step."""
