@@ -618,7 +618,11 @@ def test_costs_are_measured_once_per_set_of_models(tiny_self_pair, monkeypatch):
         config = DecodeConfig(method="treegraft", tree=SMALL_TREE, max_new_tokens=tokens)
         decoder = SpeculativeDecoder(CausalLM(target.model), config, drafter=CausalLM(drafter.model), measurements=measurements)
         decoder.generate(repetitive_prompt(1))
-        assert decoder.method.costs.verify_ms > 0 and decoder.method.costs.strong_ms > 0
+        costs = decoder.method.costs
+        assert costs.verify_ms > 0 and costs.strong_ms > 0
+        # the verification curve reaches the rule: the root alone, the powers of two below N + 1, a full tree
+        assert [tokens for tokens, _ in costs.verify_curve] == [1, 2, 4, 8, 16, SMALL_TREE.budget + 1]
+        assert costs.verify_root_ms == costs.verify_curve[0][1] and costs.verify_ms == costs.verify_curve[-1][1]
     assert timed == [(SMALL_TREE.budget, SMALL_TREE.top_k)]
     other = DecodeConfig(method="treegraft", tree=TreeConfig(budget=8, depth=3, top_k=2), max_new_tokens=4)
     SpeculativeDecoder(CausalLM(target.model), other, drafter=CausalLM(drafter.model), measurements=measurements).generate(

@@ -9,6 +9,7 @@ baseline on the same index. Settings: ``TreeGraftConfig`` from ``DecodeConfig.me
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -132,11 +133,9 @@ class TreeGraftMethod(Method):
             context = prompt_ids[-COST_CONTEXT:]
             measured = measure_costs(self.models.target.model, drafter, context, tree.budget, tree.top_k)
             self.models.measurements[key] = measured
-        return CostModel(
-            self.costs.verify_ms or measured.verify_ms,
-            self.costs.strong_ms or measured.strong_ms,
-            measured.verify_root_ms if not self.costs.verify_ms else 0.0,
-        )
+        if self.costs.verify_ms:  # a given full-tree time: the measured curve would not end at it
+            return CostModel(self.costs.verify_ms, self.costs.strong_ms or measured.strong_ms)
+        return replace(measured, strong_ms=self.costs.strong_ms or measured.strong_ms)
 
     def draft(self, committed: torch.Tensor) -> DraftTree:
         """The tree is built on the host; verification gets it uploaded to the target's device."""
