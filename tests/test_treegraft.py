@@ -639,8 +639,10 @@ def test_step_rule_verifies_only_nodes_whose_reach_pays_for_their_verification()
     tree.add_children(torch.tensor([0, 0]), torch.tensor([1, 4]), torch.tensor([math.log(0.9), math.log(0.02)]), ORIGIN_MODEL)
     tree.add_children(torch.tensor([1]), torch.tensor([2]), torch.tensor([math.log(0.9 * 0.3)]), ORIGIN_MODEL)
     tree.add_children(torch.tensor([3]), torch.tensor([3]), torch.tensor([math.log(0.9 * 0.3 * 0.05)]), ORIGIN_MODEL)
+    # R unmeasured: plain decoding's modelled rate, one token per 240 ms, asks 3.75 / 240 of a token per node
+    first = StepRule(call_budget=5, hit_rate=0.8, short_layers=(), clock=clock).trim(tree, costs, 16)
+    assert first.tokens.tolist() == [0, 1, 4, 2]  # c (reach 0.0135 by its score) dropped
     rule = StepRule(call_budget=5, hit_rate=0.8, short_layers=(), clock=clock)
-    assert rule.trim(tree, costs, 16) is tree  # R unmeasured: every node is verified
     run_step(rule, clock, strong_chain(4), 5, 600.0)
     assert rule.rate == pytest.approx(5 / 600)
     reach = rule.calibration.reach(tree)  # a 0.98, b 0.34, c 0.017, d 0.05

@@ -41,8 +41,8 @@ a CPU the first node after the root costs far more than the ones after it. Reach
 so the kept nodes are prefix-closed, and τ_weak and T_weak count only the previewed tokens that would be
 kept. The calibration learns from the tree before the trim (a dropped node is judged against the tokens the
 step committed), so the rates of the bins the trim drops stay measured instead of keeping their prior. On a
-GPU, where a tree costs about what the root alone costs, nothing is dropped. Before R is measured nothing
-is trimmed.
+GPU, where a tree costs about what the root alone costs, nothing is dropped. Before R is measured, the
+modelled rate of verifying the root alone (plain decoding's) stands for it.
 
 A strong step whose first call catches the drafter up on more than ``max_lag`` committed tokens (the
 prompt, at a generation's first call) pays a one-off cost: its time is kept out of T and R, and its
@@ -291,11 +291,13 @@ class StepRule(CallPolicy):
         return 1.0 + sum(best[:kept]), kept
 
     def verified(self, reach: list[float], costs: CostModel, budget: int) -> int:
-        """How many of the nodes (reach best first) a step verifies: all while R is unmeasured, trimming is off or
-        the cost model is flat, else ``CostModel.verified_count`` at rate R."""
-        if not self.trimming or self.ms <= 0 or not costs.grows:
+        """How many of the nodes (reach best first) a step verifies: ``CostModel.verified_count`` at rate R, all
+        when trimming is off or the cost model is flat. Before R is measured, the rate of verifying the root alone
+        (plain decoding's, modelled) stands for it: a tree must at least beat decoding without one."""
+        if not self.trimming or not costs.grows:
             return min(len(reach), budget)
-        return costs.verified_count(reach, self.rate, budget)
+        rate = self.rate if self.ms > 0 else 1.0 / max(costs.verify_at(0, budget), 1e-6)
+        return costs.verified_count(reach, rate, budget)
 
     def trim(self, tree: DraftTree, costs: CostModel, budget: int) -> DraftTree:
         self.untrimmed = None
