@@ -95,8 +95,8 @@ class CostModel:
     ``verify_root_ms``, the verification of the root alone, makes the verify cost grow with the tree
     (linearly between the two; 0: unknown, every tree costs ``verify_ms``). ``verify_curve``, when measured,
     replaces that line by the measured points. A line misjudges small trees on a CPU, where a second row
-    moves a matrix product off the one-row kernel and can cost as much as the first (fp32 on an AVX2 core:
-    2 tokens 1.4× one, 17 tokens 5×); on a GPU the curve is nearly flat up to a tile and then steps.
+    moves a matrix product off the one-row kernel and can cost more than the first (a 1.5B model in fp32 on
+    an AVX2 core: 2 tokens 2.2× one, 17 tokens 5×); on a GPU the curve is nearly flat up to a tile, then steps.
     """
 
     verify_ms: float
