@@ -1,8 +1,8 @@
 """Warm-up cost measurement, used when no profile or explicit costs are given.
 
 Times target forwards of trees from the root alone to a full tree (N + 1 tokens: the verification curve)
-and a strong drafter forward of a typical call (2·K tokens) after a short context, each on a scratch KV cache so no decoding state is touched. The
-median of a few repeats after one untimed run.
+and a strong drafter forward of a typical call (2·K tokens) after a short context, each on a scratch KV
+cache so no decoding state is touched. The median of a few repeats after one untimed run.
 
 An EAGLE-3 head is timed the same way (``timing_lm``): one head forward of 2·K tokens, zero features in
 place of the target's states (the cost does not depend on their values). A strong call of the head may
