@@ -641,7 +641,7 @@ def test_step_rule_verifies_only_nodes_whose_reach_pays_for_their_verification()
     tree.add_children(torch.tensor([3]), torch.tensor([3]), torch.tensor([math.log(0.9 * 0.3 * 0.05)]), ORIGIN_MODEL)
     # R unmeasured: plain decoding's modelled rate, one token per 240 ms, asks 3.75 / 240 of a token per node
     first = StepRule(call_budget=5, hit_rate=0.8, short_layers=(), clock=clock).trim(tree, costs, 16)
-    assert first.tokens.tolist() == [0, 1, 4, 2]  # c (reach 0.0135 by its score) dropped
+    assert first.tokens.tolist() == [0, 1, 4, 2]  # c (reach 0.011 at the calibration's prior) dropped
     rule = StepRule(call_budget=5, hit_rate=0.8, short_layers=(), clock=clock)
     run_step(rule, clock, strong_chain(4), 5, 600.0)
     assert rule.rate == pytest.approx(5 / 600)
