@@ -30,7 +30,7 @@ from treegraft_cli.scheduling.policies import (
     features,
 )
 from treegraft_cli.scheduling.registry import make_policy
-from treegraft_cli.scheduling.step_rule import StepRule, WeakOutcomes, chain_match
+from treegraft_cli.scheduling.step_rule import StepRule, WeakOutcomes, chain_match, verified_outcome
 from treegraft_cli.tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree
 
 SMALL_TREE = TreeConfig(budget=20, depth=4, top_k=4)
@@ -660,3 +660,63 @@ def test_step_rule_verifies_only_nodes_whose_reach_pays_for_their_verification()
     keep_all = StepRule(call_budget=5, hit_rate=0.8, short_layers=(), clock=clock, trim=False)
     run_step(keep_all, clock, strong_chain(4), 5, 600.0)
     assert keep_all.trim(tree, costs, 16) is tree
+
+
+def test_a_weak_step_trims_at_the_discount_its_estimates_have_earned():
+    """ρ (``WeakOutcomes.ratio``) scales a weak step's reach, capped at 1, as it scales τ_weak: chains that have been
+    copying keep more nodes, chance repeats fewer; a strong step's trim ignores it. The tree and costs of the test
+    above, R unmeasured: a node must add 3.75 / 240 = 0.0156 tokens (reach at the prior: a 0.85, b 0.21, c 0.011,
+    d 0.05)."""
+    clock = FakeClock()
+    costs = CostModel(300.0, 90.0, verify_root_ms=240.0)
+    tree = DraftTree.from_root(0)
+    tree.add_children(torch.tensor([0, 0]), torch.tensor([1, 4]), torch.tensor([math.log(0.9), math.log(0.02)]), ORIGIN_MODEL)
+    tree.add_children(torch.tensor([1]), torch.tensor([2]), torch.tensor([math.log(0.9 * 0.3)]), ORIGIN_MODEL)
+    tree.add_children(torch.tensor([3]), torch.tensor([3]), torch.tensor([math.log(0.9 * 0.3 * 0.05)]), ORIGIN_MODEL)
+
+    def kept(kind: str, ratio: float) -> list[int]:
+        rule = StepRule(call_budget=5, hit_rate=0.8, short_layers=(), clock=clock)
+        rule.choice = rule.step_kinds(4)[kind]
+        rule.weak_outcomes.measured = ratio * rule.weak_outcomes.estimated
+        return rule.trim(tree, costs, 16).tokens.tolist()
+
+    assert kept("weak", 1.0) == [0, 1, 4, 2]  # as the rule without a discount: c dropped
+    assert kept("weak", 2.0) == [0, 1, 4, 2, 3]  # c's 0.021 pays at twice its reach
+    assert kept("weak", 0.25) == [0, 1, 2]  # d's 0.0125 does not at a quarter
+    assert kept("weak", 0.001) == [0]
+    assert kept("full", 2.0) == kept("full", 0.25) == [0, 1, 4, 2]
+
+
+def test_a_weak_step_is_judged_on_its_verified_nodes_and_the_dropped_children_of_its_accepted_ones():
+    """root → a → b → c and root → d; a and b verified (reach 0.8, 0.4), c and d dropped (reach 0.2, 0.1)."""
+    parents, tokens, depths = [-1, 0, 1, 2, 0], [0, 1, 2, 3, 4], [0, 1, 2, 3, 1]
+    reach = [1.0, 0.8, 0.4, 0.2, 0.1]
+    # the target took a and b, then c's token: c (rate 0.2 / 0.4 given b) would have been accepted; d (0.1) missed
+    assert verified_outcome(parents, tokens, depths, reach, {1, 2}, [1, 2, 3]) == (pytest.approx(0.8 + 0.4 + 0.5 + 0.1), 3)
+    # the target took a, then 9: b verified and rejected; c's parent was not accepted, so c shows nothing
+    assert verified_outcome(parents, tokens, depths, reach, {1, 2}, [1, 9]) == (pytest.approx(0.8 + 0.4 + 0.1), 1)
+    # trimmed to the root: the committed token still judges the root's children
+    assert verified_outcome(parents, tokens, depths, reach, set(), [4]) == (pytest.approx(0.8 + 0.1), 1)
+    assert verified_outcome(parents, tokens, depths, reach, set(), [7]) == (pytest.approx(0.8 + 0.1), 0)
+
+
+def test_a_discount_that_trims_every_tree_to_its_root_still_learns_when_the_chains_copy():
+    """A ρ so low that the trim keeps nothing: the chains' first tokens, right every step, raise it until the trim
+    verifies chains again (a ρ measured on verified nodes only would stay where it was for good)."""
+    clock = FakeClock()
+    costs = CostModel(300.0, 90.0, verify_root_ms=240.0)
+    rule = StepRule(call_budget=5, hit_rate=0.8, short_layers=(), explore=100, clock=clock)
+    rule.choice = rule.step_kinds(4)["weak"]
+    rule.weak_outcomes.measured = 0.001 * rule.weak_outcomes.estimated
+    copy = DraftTree.from_root(0)
+    for depth in range(4):
+        copy.add_children(torch.tensor([depth]), torch.tensor([depth + 1]), torch.tensor([-0.05 * (depth + 1)]), ORIGIN_NGRAM)
+    ratios, sizes = [rule.weak_outcomes.ratio], []
+    for _ in range(12):
+        trimmed = rule.trim(copy, costs, 16)
+        sizes.append(trimmed.size)
+        accepted = trimmed.size + 1  # the kept nodes are the chain's head, all accepted, then the bonus
+        rule.observe(trimmed, torch.arange(accepted), torch.arange(1, accepted + 1))
+        ratios.append(rule.weak_outcomes.ratio)
+    assert sizes[0] == 0 and ratios[1] > ratios[0]
+    assert sizes[-1] == 4  # the whole chain is verified again

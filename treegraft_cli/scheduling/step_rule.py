@@ -37,9 +37,13 @@ The same value decides which nodes a step verifies. On a CPU the verification gr
 highest calibrated reach (their expected accepted tokens) for the m with the largest Σ reach − R·T_verify(m)
 (``CostModel.verified_count``): nodes whose tokens are worth less than the time their verification would
 have earned at rate R are dropped. Every m is weighed, not only the next node against the curve's slope: on
-a CPU the first node after the root costs far more than the ones after it. Reach never grows down a path,
-so the kept nodes are prefix-closed, and τ_weak and T_weak count only the previewed tokens that would be
-kept. The calibration learns from the tree before the trim (a dropped node is judged against the tokens the
+a CPU the first node after the root costs far more than the ones after it. A weak step weighs each node at
+ρ times its reach (capped at 1), the discount τ_weak applies: chains that have been copying keep more of their
+nodes, chance repeats fewer. Reach never grows down a path, so the kept nodes are prefix-closed, and τ_weak and
+T_weak count only the previewed tokens that would be kept. ρ keeps learning while the trim cuts: a weak step is
+judged on its verified nodes and on the children of its deepest accepted node that the trim dropped, whose fate
+the committed tokens tell (``verified_outcome``), so a trim down to the root still measures whether the chains'
+first tokens were right. The calibration learns from the tree before the trim (a dropped node is judged against the tokens the
 step committed), so the rates of the bins the trim drops stay measured instead of keeping their prior. On a
 GPU, where a tree costs about what the root alone costs, nothing is dropped. Before R is measured, the
 modelled rate of verifying the root alone (plain decoding's) stands for it.
@@ -76,7 +80,7 @@ import torch
 from ..hostlists import longs
 from ..syncs import host_value
 from ..tree import DraftTree
-from .calibration import AcceptanceCalibration
+from .calibration import AcceptanceCalibration, host_columns
 from .policies import (
     STEP_KIND_NAMES,
     CallPolicy,
@@ -117,6 +121,36 @@ class WeakOutcomes:
 
     def expected(self, estimate: float) -> float:
         return 1.0 + self.ratio * (estimate - 1.0)
+
+
+def verified_outcome(
+    parents: list[int],  # [num_nodes] the step's tree before the trim
+    tokens: list[int],  # [num_nodes]
+    depths: list[int],  # [num_nodes]
+    reach: list[float],  # [num_nodes] calibrated reach when the trim decided, 1 at the root
+    kept: set[int],  # the non-root nodes the trim kept (verified)
+    committed: list[int],  # [τ] the tokens the step committed
+) -> tuple[float, float]:
+    """(estimated, measured) gain of a weak step's tree, in accepted tokens beyond the root, over the nodes whose
+    fate the step shows: every verified node (estimated at its reach) and every node the trim dropped whose parent
+    was accepted (estimated at its rate given the parent, ``reach / reach[parent]``). A node is accepted iff its
+    parent is and it holds the committed token at its depth; a dropped child of an accepted node would have been.
+    Without the dropped children, a step trimmed to its root would show nothing, and a ρ below 1 that trims every
+    tree to its root would never rise again."""
+    accepted = [True] + [False] * (len(parents) - 1)
+    estimated = measured = 0.0
+    for node in range(1, len(parents)):  # parents first
+        parent, verified = parents[node], node in kept
+        judged = accepted[parent] and (parent == 0 or parent in kept) and depths[node] <= len(committed)
+        if judged:
+            accepted[node] = tokens[node] == committed[depths[node] - 1]
+        if verified:
+            estimated += reach[node]
+            measured += accepted[node]
+        elif judged and reach[parent] > 0:
+            estimated += reach[node] / reach[parent]
+            measured += accepted[node]
+    return estimated, measured
 
 
 def chain_match(preview: WeakPreview, committed: torch.Tensor) -> int:
@@ -215,6 +249,7 @@ class StepRule(CallPolicy):
         self.preview: WeakPreview | None = None
         self.estimate = 1.0
         self.untrimmed: DraftTree | None = None  # this step's tree before the trim, when one was cut
+        self.weak_judged: tuple[list[float], set[int]] | None = None  # a weak step's reach and kept nodes at its trim
 
     def previews(self, layer: int) -> bool:
         return layer == 1
@@ -287,27 +322,38 @@ class StepRule(CallPolicy):
         reach = self.calibration.reach_list(state.tree)
         weak = state.weak.reach(reach, self.calibration.node_rate)
         best = sorted(reach[1:] + list(weak), reverse=True)[: state.budget]
-        kept = self.verified(best, state.costs, state.budget)
+        kept = self.verified(best, state.costs, state.budget, self.weak_outcomes.ratio)
         return 1.0 + sum(best[:kept]), kept
 
-    def verified(self, reach: list[float], costs: CostModel, budget: int) -> int:
+    def verified(self, reach: list[float], costs: CostModel, budget: int, ratio: float = 1.0) -> int:
         """How many of the nodes (reach best first) a step verifies: ``CostModel.verified_count`` at rate R, all
         when trimming is off or the cost model is flat. Before R is measured, the rate of verifying the root alone
-        (plain decoding's, modelled) stands for it: a tree must at least beat decoding without one."""
+        (plain decoding's, modelled) stands for it: a tree must at least beat decoding without one. A weak step
+        weighs each node at ``ratio`` (ρ) times its reach, capped at 1 (a cap keeps the order: any prefix of the
+        nodes stays prefix-closed)."""
         if not self.trimming or not costs.grows:
             return min(len(reach), budget)
         rate = self.rate if self.ms > 0 else 1.0 / max(costs.verify_at(0, budget), 1e-6)
-        return costs.verified_count(reach, rate, budget)
+        worth = reach if ratio == 1.0 else [min(1.0, ratio * value) for value in reach]
+        return costs.verified_count(worth, rate, budget)
+
+    @property
+    def weak_step(self) -> bool:
+        """This step calls nowhere: its tree is the n-gram chains', judged at ρ."""
+        return self.choice is not None and not self.choice.layers
 
     def trim(self, tree: DraftTree, costs: CostModel, budget: int) -> DraftTree:
-        self.untrimmed = None
+        self.untrimmed, self.weak_judged = None, None
         if tree.size == 0:
             return tree
         reach = self.calibration.reach_list(tree)
         # best first, ties to the lower index: reach never grows down a path (every rate is at most 1), so any
         # prefix of this order is prefix-closed
         order = sorted(range(1, len(reach)), key=lambda node: (-reach[node], node))
-        kept = self.verified([reach[node] for node in order], costs, budget)
+        ratio = self.weak_outcomes.ratio if self.weak_step else 1.0
+        kept = self.verified([reach[node] for node in order], costs, budget, ratio)
+        if self.weak_step:
+            self.weak_judged = (reach, set(order[:kept]))
         if kept >= len(order):
             return tree
         self.untrimmed = tree  # what ``observe`` calibrates on: the nodes trimmed away count too
@@ -343,8 +389,17 @@ class StepRule(CallPolicy):
             kind.record_tau(tau, self.strong_decay)
             if self.preview is not None:
                 self.weak_outcomes.observe(self.estimate, chain_match(self.preview, next_tokens))
-        else:
+        elif self.weak_judged is not None:
+            estimated, measured = self.judge_weak(untrimmed if untrimmed is not None else tree, next_tokens)
+            self.weak_outcomes.observe(1.0 + estimated, 1.0 + measured)
+        else:  # a tree this rule did not trim: judged on the preview's estimate
             self.weak_outcomes.observe(self.estimate, tau)
+
+    def judge_weak(self, tree: DraftTree, committed: torch.Tensor) -> tuple[float, float]:  # tree: before the trim
+        """``verified_outcome`` of this weak step (host lists of a host tree; one read for a device tree)."""
+        reach, kept = self.weak_judged
+        parents, tokens, depths = host_columns(tree, "parents", "tokens", "depths")
+        return verified_outcome(parents, tokens, depths, reach, kept, host_value(committed))
 
 
 class LearnedStepRule(StepRule):
