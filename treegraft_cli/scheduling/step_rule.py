@@ -41,12 +41,12 @@ a CPU the first node after the root costs far more than the ones after it. A wea
 ρ times its reach (capped at 1), the discount τ_weak applies: chains that have been copying keep more of their
 nodes, chance repeats fewer. Reach never grows down a path, so the kept nodes are prefix-closed, and τ_weak and
 T_weak count only the previewed tokens that would be kept. ρ keeps learning while the trim cuts: a weak step is
-judged on its verified nodes and on the children of its deepest accepted node that the trim dropped, whose fate
-the committed tokens tell (``verified_outcome``), so a trim down to the root still measures whether the chains'
-first tokens were right. The calibration learns from the tree before the trim (a dropped node is judged against the tokens the
-step committed), so the rates of the bins the trim drops stay measured instead of keeping their prior. On a
-GPU, where a tree costs about what the root alone costs, nothing is dropped. Before R is measured, the
-modelled rate of verifying the root alone (plain decoding's) stands for it.
+judged on its verified nodes and on the nodes the trim dropped under accepted verified parents, whose fate the
+committed tokens tell (``verified_outcome``), so a trim down to the root still measures whether the chains'
+first tokens were right. The calibration learns from the tree before the trim (a dropped node is judged
+against the tokens the step committed), so the rates of the bins the trim drops stay measured instead of
+keeping their prior. On a GPU, where a tree costs about what the root alone costs, nothing is dropped. Before
+R is measured, the modelled rate of verifying the root alone (plain decoding's) stands for it.
 
 A strong step whose first call catches the drafter up on more than ``max_lag`` committed tokens (the
 prompt, at a generation's first call) pays a one-off cost: its time is kept out of T and R, and its
@@ -132,11 +132,11 @@ def verified_outcome(
     committed: list[int],  # [τ] the tokens the step committed
 ) -> tuple[float, float]:
     """(estimated, measured) gain of a weak step's tree, in accepted tokens beyond the root, over the nodes whose
-    fate the step shows: every verified node (estimated at its reach) and every node the trim dropped whose parent
-    was accepted (estimated at its rate given the parent, ``reach / reach[parent]``). A node is accepted iff its
-    parent is and it holds the committed token at its depth; a dropped child of an accepted node would have been.
-    Without the dropped children, a step trimmed to its root would show nothing, and a ρ below 1 that trims every
-    tree to its root would never rise again."""
+    fate the step shows: every verified node (estimated at its reach) and every node the trim dropped under a
+    verified parent that was accepted (estimated at its rate given the parent, ``reach / reach[parent]``). Such a
+    node would have been accepted iff it holds the committed token at its depth, as a verified node is. Without
+    the dropped nodes, a step trimmed to its root would show nothing, and a ρ below 1 that trims every tree to its
+    root would never rise again."""
     accepted = [True] + [False] * (len(parents) - 1)
     estimated = measured = 0.0
     for node in range(1, len(parents)):  # parents first
