@@ -60,14 +60,12 @@ class AcceptanceCalibration:
         with host_only():
             path = committed.tolist()
         local = local_probabilities(parents, scores)
-        on_path = [True] + [False] * (len(parents) - 1)
+        on_path = committed_path(parents, tokens, depths, path)
         for node in range(1, len(parents)):
-            parent, depth = parents[node], depths[node]
-            if on_path[parent] and depth <= len(path):
-                hit = on_path[node] = tokens[node] == path[depth - 1]
+            if on_path[parents[node]] and depths[node] <= len(path):
                 origin, column = origins[node], self._bin(local[node])
                 self.seen[origin][column] += 1.0
-                self.accepted[origin][column] += hit
+                self.accepted[origin][column] += on_path[node]
 
     def node_rate(self, origin: int, local: float) -> float:
         """Measured P(accepted | parent accepted) of a node of ``origin`` with local probability ``local`` (float32)."""
@@ -90,6 +88,22 @@ class AcceptanceCalibration:
         if local != local:  # NaN (a -inf score under a -inf parent): the lowest bin
             return 0
         return min(max(int(local * self.bins), 0), self.bins - 1)
+
+
+def committed_path(
+    parents: list[int],  # [num_nodes] parents first
+    tokens: list[int],  # [num_nodes]
+    depths: list[int],  # [num_nodes]
+    committed: list[int],  # [τ] the tokens a step committed
+) -> list[bool]:  # [num_nodes], True at the root
+    """Which nodes lie on the committed path: their parent does and they hold the committed token at their depth.
+    Greedy verification accepts exactly these (the one at depth τ is the bonus's), verified or not; a node whose
+    parent lies on the path and whose depth is at most τ is judged by it either way."""
+    on_path = [True] + [False] * (len(parents) - 1)
+    for node in range(1, len(parents)):
+        depth = depths[node]
+        on_path[node] = on_path[parents[node]] and depth <= len(committed) and tokens[node] == committed[depth - 1]
+    return on_path
 
 
 def local_probabilities(parents: list[int], scores: list[float]) -> list[float]:  # [num_nodes], 1 at the root

@@ -80,7 +80,7 @@ import torch
 from ..hostlists import longs
 from ..syncs import host_value
 from ..tree import DraftTree
-from .calibration import AcceptanceCalibration, host_columns
+from .calibration import AcceptanceCalibration, committed_path, host_columns
 from .policies import (
     STEP_KIND_NAMES,
     CallPolicy,
@@ -137,19 +137,18 @@ def verified_outcome(
     node would have been accepted iff it holds the committed token at its depth, as a verified node is. Without
     the dropped nodes, a step trimmed to its root would show nothing, and a ρ below 1 that trims every tree to its
     root would never rise again."""
-    accepted = [True] + [False] * (len(parents) - 1)
+    on_path = committed_path(parents, tokens, depths, committed)
     estimated = measured = 0.0
-    for node in range(1, len(parents)):  # parents first
-        parent, verified = parents[node], node in kept
-        judged = accepted[parent] and (parent == 0 or parent in kept) and depths[node] <= len(committed)
-        if judged:
-            accepted[node] = tokens[node] == committed[depths[node] - 1]
-        if verified:
+    # a dropped node judged here hangs under a verified node: the path's only dropped node is the bonus's, at depth τ
+    for node in range(1, len(parents)):
+        parent = parents[node]
+        if node in kept:
             estimated += reach[node]
-            measured += accepted[node]
-        elif judged and reach[parent] > 0:
+        elif on_path[parent] and depths[node] <= len(committed) and reach[parent] > 0:
             estimated += reach[node] / reach[parent]
-            measured += accepted[node]
+        else:
+            continue
+        measured += on_path[node]
     return estimated, measured
 
 
