@@ -388,7 +388,7 @@ def test_hit_rate_follows_how_often_strong_children_hold_the_next_token():
     assert rule.hit_rate == pytest.approx(0.375)
 
 
-def root_state(layer=1, called=(), weak=None, strong_lag=1) -> SchedulerState:
+def root_state(layer=1, called=(), weak=None, strong_lag=1, costs=None) -> SchedulerState:
     """A step about to build ``layer`` of 4 on a CPU-like cost model: verify 240 ms (root) to 300 ms (N=16), call 90 ms."""
     return SchedulerState(
         tree=DraftTree.from_root(0),
@@ -398,7 +398,7 @@ def root_state(layer=1, called=(), weak=None, strong_lag=1) -> SchedulerState:
         num_layers=4,
         called=called,
         prompt_length=9,
-        costs=CostModel(300.0, 90.0, verify_root_ms=240.0),
+        costs=costs or CostModel(300.0, 90.0, verify_root_ms=240.0),
         width=4,
         budget=16,
         weak=weak,
@@ -520,6 +520,25 @@ def test_step_rule_prices_a_weak_step_by_its_size():
     costs = CostModel(300.0, 90.0, verify_root_ms=240.0)  # 3.75 ms per node
     assert rule.weak_ms(costs, 8, 16) == pytest.approx(280.0)
     assert rule.weak_ms(costs, 0, 16) == pytest.approx(250.0) and rule.weak_ms(costs, 16, 16) == pytest.approx(310.0)
+
+
+def test_step_rule_prices_a_root_only_step_on_a_bent_curve_by_what_root_steps_take():
+    """On a CPU the first node after the root costs most. Weak steps of 0, 0, 0 and 16 nodes that each took 20 ms
+    more than their modelled verification price a root-only step at the root's time + 20, not at the curve read at
+    their mean size (4 nodes) and moved back to the root."""
+    clock = FakeClock()
+    costs = CostModel(1800.0, 900.0, verify_root_ms=600.0, verify_curve=((1, 600.0), (2, 1000.0), (17, 1800.0)))
+    rule = StepRule(call_budget=5, hit_rate=0.8, short_layers=(), explore=100, clock=clock)
+    big = DraftTree.from_root(0)
+    big.add_children(torch.zeros(16, dtype=torch.long), torch.arange(1, 17), torch.full((16,), -0.05), ORIGIN_NGRAM)
+    nothing = WeakPreview(torch.zeros(0, dtype=torch.long), torch.empty(0, 1))
+    for tree in (DraftTree.from_root(0), DraftTree.from_root(0), DraftTree.from_root(0), big):
+        rule.wants_call(root_state(weak=nothing, costs=costs))
+        rule.choice = rule.kinds["weak"]
+        clock.now += (costs.verify_at(tree.size, 16) + 20.0) / 1000.0
+        rule.observe(tree, torch.arange(1), torch.arange(1, 2))
+    assert rule.weak_ms(costs, 0, 16) == pytest.approx(620.0, rel=1e-3)
+    assert rule.weak_ms(costs, 16, 16) == pytest.approx(1820.0, rel=1e-3)
 
 
 def test_step_rule_takes_a_short_strong_step_when_it_pays_best():

@@ -26,8 +26,8 @@ ratio objectives). So the step takes the kind with the largest
   (``strong_decay`` per step; the prior is 1 + |called layers| · ``hit_rate``).
 - T: each kind's measured wall time from decision to verified step, an exponential moving average
   (``rate_decay``); until measured, the cost model's (verification of the tree + the calls). A weak
-  step's time follows its size: the measured mean, moved along the cost model's verification slope
-  by the nodes the preview adds (a step with no match verifies little more than the root).
+  step's time follows its size: the modelled verification of the tree it would verify, plus the mean of
+  what weak steps took beyond their modelled verification (a step with no match verifies the root alone).
 - R: accepted tokens over wall time of the recent steps, both exponentially weighted. Before the first
   verified step (a new request when the bench resets state per question) R is the best modelled rate
   τ_kind / T_kind, so the first step takes the kind that promises the most tokens per ms.
@@ -177,16 +177,16 @@ class StepKind:
     layers: tuple[int, ...]
     tau: float | None = None  # exponentially weighted accepted length (strong kinds); None: not yet measured
     ms: float = 0.0  # exponentially weighted wall ms (divide by ``weight``)
-    nodes: float = 0.0  # exponentially weighted tree size (divide by ``weight``)
+    modelled: float = 0.0  # exponentially weighted modelled verification ms of its trees (divide by ``weight``)
     weight: float = 0.0
     idle: int = 0  # steps since this kind was last chosen
 
     def mean_ms(self, otherwise: float) -> float:
         return self.ms / self.weight if self.weight > 0 else otherwise
 
-    def record_time(self, ms: float, nodes: int, decay: float) -> None:
+    def record_time(self, ms: float, modelled: float, decay: float) -> None:
         self.ms = decay * self.ms + ms
-        self.nodes = decay * self.nodes + nodes
+        self.modelled = decay * self.modelled + modelled
         self.weight = decay * self.weight + 1.0
 
     def record_tau(self, tau: float, decay: float) -> None:
@@ -243,6 +243,8 @@ class StepRule(CallPolicy):
         self.ms = 0.0  # and their wall time
         # this step's decision: the kind, its start, the preview and its estimate e, a catch-up
         self.choice: StepKind | None = None
+        self.costs: CostModel | None = None  # the cost model and budget this step was decided under
+        self.budget = 0
         self.catching_up = False
         self.lag = 0
         self.started = 0.0
@@ -262,6 +264,7 @@ class StepRule(CallPolicy):
 
     def wants_call(self, state: SchedulerState) -> bool:
         if state.layer == 1:
+            self.costs, self.budget = state.costs, state.budget
             self.choice = self.choose(state)
             self.lag = state.strong_lag
             self.catching_up = bool(self.choice.layers) and state.strong_lag > self.max_lag
@@ -306,13 +309,15 @@ class StepRule(CallPolicy):
         return state.costs.strong_ms / (2 * state.width)
 
     def weak_ms(self, costs: CostModel, nodes: int, budget: int) -> float:
-        """T_weak for a tree of ``nodes``: the measured mean moved along the modelled verification slope."""
+        """T_weak for a tree of ``nodes``: its modelled verification plus what weak steps took beyond theirs (the
+        mean of measured − modelled). Not the measured mean moved to ``nodes`` along the curve: on a CPU the curve
+        bends (the first node after the root costs most), so the curve at the trees' mean size is not their mean
+        modelled time, and root-only steps among a few large trees would be priced below what they take."""
         modelled = costs.verify_at(nodes, budget)
         weak = self.kinds.get("weak")
         if weak is None or weak.weight <= 0:
             return modelled
-        mean_nodes = round(weak.nodes / weak.weight)
-        return max(0.0, weak.mean_ms(modelled) + modelled - costs.verify_at(mean_nodes, budget))
+        return max(0.0, modelled + (weak.ms - weak.modelled) / weak.weight)
 
     def weak_estimate(self, state: SchedulerState) -> tuple[float, int]:
         """(e, nodes): the calibrated expected accepted length of the tree a weak step would verify (the previewed
@@ -382,7 +387,8 @@ class StepRule(CallPolicy):
         else:
             self.tokens = self.rate_decay * self.tokens + tau
             self.ms = self.rate_decay * self.ms + ms
-            kind.record_time(ms, tree.size, self.rate_decay)
+            modelled = self.costs.verify_at(tree.size, self.budget) if self.costs is not None else ms
+            kind.record_time(ms, modelled, self.rate_decay)
         for other in self.kinds.values():
             other.idle = 0 if other is kind else other.idle + 1
         if kind.layers:
