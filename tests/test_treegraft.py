@@ -301,7 +301,7 @@ def test_calibration_maps_scores_to_measured_acceptance():
     tree.add_children(torch.tensor([0, 0]), torch.tensor([1, 2]), torch.log(torch.tensor([0.55, 0.95])), ORIGIN_MODEL)
     tree.origins[2] = ORIGIN_NGRAM
     tree.add_children(torch.tensor([1]), torch.tensor([3]), torch.log(torch.tensor([0.55 * 0.55])), ORIGIN_MODEL)
-    calibration = AcceptanceCalibration(bins=10, prior_weight=2.0, runs=False)
+    calibration = AcceptanceCalibration(bins=10, prior_weight=2.0)
     assert torch.allclose(calibration.reach(tree), torch.tensor([1.0, 0.55, 0.95, 0.55 * 0.55]), atol=1e-6)  # prior
     for _ in range(98):  # the strong child at 0.55 is always accepted, the n-gram child at 0.95 never
         calibration.observe(tree, torch.tensor([1, 3, 5]))  # the step committed 1 3 and the bonus 5
@@ -312,29 +312,6 @@ def test_calibration_maps_scores_to_measured_acceptance():
     assert reach.tolist() == pytest.approx([1.0, strong_rate, ngram_rate, strong_rate**2])
 
 
-def test_calibration_counts_a_runs_later_nodes_apart_from_its_first():
-    """A copied chain: its first token is right half the time, the tokens after it whenever the first was. With
-    runs, the chain's later nodes earn their own rate and the chain's reach stays high down its length."""
-    tree = DraftTree.from_root(0)  # root → a (1) → b (2) → c (3), an n-gram chain, each token at p 0.55
-    for parent, token in enumerate((1, 2, 3)):
-        tree.add_children(torch.tensor([parent]), torch.tensor([token]), torch.log(torch.tensor([0.55 ** token])), ORIGIN_NGRAM)
-    by_run, pooled = AcceptanceCalibration(prior_weight=0.0), AcceptanceCalibration(prior_weight=0.0, runs=False)
-    for calibration in (by_run, pooled):
-        for _ in range(50):
-            calibration.observe(tree, torch.tensor([1, 2, 3, 7]))  # the whole chain and the bonus
-            calibration.observe(tree, torch.tensor([9]))  # the first token missed: nothing under it is judged
-    run = by_run.context(ORIGIN_NGRAM, ORIGIN_NGRAM)
-    assert run != ORIGIN_NGRAM and by_run.context(ORIGIN_NGRAM, ORIGIN_MODEL) == ORIGIN_NGRAM
-    assert (by_run.seen[ORIGIN_NGRAM][5], by_run.accepted[ORIGIN_NGRAM][5]) == (100, 50)  # a
-    assert (by_run.seen[run][5], by_run.accepted[run][5]) == (100, 100)  # b and c
-    assert by_run.reach(tree).tolist() == pytest.approx([1.0, 0.5, 0.5, 0.5])
-    assert pooled.reach(tree).tolist() == pytest.approx([1.0, 0.75, 0.75**2, 0.75**3])  # 150 of 200, three times over
-    # a preview's chain hung under the root starts a run; under an n-gram node it continues one
-    preview = WeakPreview(torch.tensor([0, 3]), torch.full((2, 2), math.log(0.55)))
-    reach, origins = by_run.reach_and_origins(tree)
-    assert preview.reach(reach, by_run.node_rate, origins) == pytest.approx([0.5, 0.5, 0.5, 0.5])
-
-
 def test_calibration_counts_what_the_committed_path_decides():
     """Nodes under the committed path count up to its length, verified or not; deeper ones and those under a
     missed node do not."""
@@ -342,7 +319,7 @@ def test_calibration_counts_what_the_committed_path_decides():
     tree.add_children(torch.tensor([0, 0]), torch.tensor([1, 2]), torch.log(torch.tensor([0.55, 0.35])), ORIGIN_MODEL)
     tree.add_children(torch.tensor([1]), torch.tensor([3]), torch.log(torch.tensor([0.55 * 0.25])), ORIGIN_MODEL)
     tree.add_children(torch.tensor([3]), torch.tensor([4]), torch.log(torch.tensor([0.55 * 0.25 * 0.15])), ORIGIN_MODEL)
-    calibration = AcceptanceCalibration(bins=10, prior_weight=0.0, runs=False)
+    calibration = AcceptanceCalibration(bins=10, prior_weight=0.0)
     calibration.observe(tree, torch.tensor([1, 3]))  # a, then c's token: d lies past what the step committed
     seen, accepted = calibration.seen[ORIGIN_MODEL], calibration.accepted[ORIGIN_MODEL]
     assert (seen[5], accepted[5]) == (1, 1) and (seen[3], accepted[3]) == (1, 0)  # a accepted, b missed
@@ -612,7 +589,7 @@ def test_chain_tokens_are_scored_where_the_ngram_matched(tiny_self_pair):
     wanted = [logp[2 + j, t] if t in top.indices[2 + j] else top.values[2 + j, -1] - 5.0 for j, t in enumerate((8, 9, 5, 6))]
     assert torch.allclose(proposal.preview.logp[0, :4], torch.stack(wanted), atol=1e-5)
     # with rates equal to the log-probs' own probabilities, reach is the chain's cumulative probability
-    reach = proposal.preview.reach([1.0] * growth.tree.num_nodes, lambda origin, local, above: local, [0] * growth.tree.num_nodes)
+    reach = proposal.preview.reach([1.0] * growth.tree.num_nodes, lambda origin, local: local)
     assert torch.allclose(torch.tensor(reach[:4]), torch.stack(wanted).cumsum(0).exp(), atol=1e-5)
     method.loop.weak_layer(growth, 1, proposal)
     assert torch.allclose(growth.tree.scores[1:5], torch.stack(wanted).cumsum(0), atol=1e-5)
@@ -693,13 +670,11 @@ def test_step_rule_verifies_only_nodes_whose_reach_pays_for_their_verification()
     assert trimmed.tokens.tolist() == [0, 1, 4, 2]  # c dropped; its ancestors and d stay
     assert trimmed.parents.tolist() == [-1, 0, 0, 1]
     # the calibration learns from the tree before the trim: the target went on with c's token after a and b,
-    # so c counts as accepted though it was never verified (d, verified, as a miss; both in the lowest bin, c in
-    # its run's row: a strong node under a strong node)
-    calibration, run = rule.calibration, rule.calibration.context(ORIGIN_MODEL, ORIGIN_MODEL)
-    before = [(calibration.seen[row][0], calibration.accepted[row][0]) for row in (ORIGIN_MODEL, run)]
+    # so c counts as accepted though it was never verified (d, verified, as a miss; both in the lowest bin)
+    seen, accepted = rule.calibration.seen[ORIGIN_MODEL][0], rule.calibration.accepted[ORIGIN_MODEL][0]
     rule.observe(trimmed, torch.tensor([0, 1, 3]), torch.tensor([1, 2, 3]))
-    after = [(calibration.seen[row][0], calibration.accepted[row][0]) for row in (ORIGIN_MODEL, run)]
-    assert after == [(before[0][0] + 1, before[0][1]), (before[1][0] + 1, before[1][1] + 1)]
+    assert rule.calibration.seen[ORIGIN_MODEL][0] == seen + 2
+    assert rule.calibration.accepted[ORIGIN_MODEL][0] == accepted + 1
     assert rule.trim(tree, flat, 16) is tree  # no per-node cost: nothing to save
     keep_all = StepRule(call_budget=5, hit_rate=0.8, short_layers=(), clock=clock, trim=False)
     run_step(keep_all, clock, strong_chain(4), 5, 600.0)

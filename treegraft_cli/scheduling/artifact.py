@@ -111,7 +111,7 @@ class DistilledScheduler:
         if self.decides == "step":
             return LearnedStepRule(options.call_budget, options.hit_rate, self.margin, self.feature_set,
                                    options.layers or self.full_layers, options.trim, self.cost_profile, source,
-                                   options.min_margin, options.run_calibration)
+                                   options.min_margin)
         return MarginPolicy(options.call_budget, self.margin, self.cost_profile, source, self.feature_set,
                             options.min_margin)
 

@@ -10,13 +10,6 @@ committed tokens, so nodes a trim kept out of verification count too), and maps 
 measured rate. A prior of ``prior_weight`` pseudo-observations at the
 bin's own centre makes an unseen bin read as the score says.
 
-A node *continues a run* when its parent is a non-root node of its own origin: the second and later tokens of
-an n-gram chain, a strong child of a strong node. With ``runs`` (the default) such nodes are counted in cells
-of their own, apart from the first node of a run. Acceptance is not independent along a chain: where the text
-copies its context, a chain whose first token was right goes on being right whatever its scores say, while
-its first token is as uncertain as any guess. One rate for both would make a long copied chain's reach, a
-product of rates, fall off as if every token were a fresh guess.
-
 A node's *reach* is the product of the measured rates along its root path: the calibrated probability
 that verification accepts it. The expected accepted length of a tree is 1 + Σ reach.
 
@@ -33,7 +26,7 @@ import torch
 
 from ..hostlists import floats
 from ..syncs import fetch, host_only
-from ..tree import ORIGIN_NAMES, ORIGIN_ROOT, DraftTree, float32
+from ..tree import ORIGIN_NAMES, DraftTree, float32
 
 
 def host_columns(tree: DraftTree, *names: str) -> list[list]:
@@ -47,18 +40,11 @@ def host_columns(tree: DraftTree, *names: str) -> list[list]:
 
 
 class AcceptanceCalibration:
-    def __init__(self, bins: int = 10, prior_weight: float = 2.0, runs: bool = True):
+    def __init__(self, bins: int = 10, prior_weight: float = 2.0):
         self.bins = bins
-        self.runs = runs
         centres = [(b + 0.5) / bins for b in range(bins)]
-        contexts = len(ORIGIN_NAMES) * (2 if runs else 1)  # by origin, then (with runs) by origin within a run
-        self.seen = [[prior_weight] * bins for _ in range(contexts)]  # [contexts][bins]
-        self.accepted = [[c * prior_weight for c in centres] for _ in range(contexts)]  # [contexts][bins]
-
-    def context(self, origin: int, parent_origin: int) -> int:
-        """The row of counts a node is judged in: its origin's, or with ``runs`` its origin's within a run (its
-        parent is of its own origin; the root's origin is no drafter's)."""
-        return origin + len(ORIGIN_NAMES) if self.runs and origin == parent_origin else origin
+        self.seen = [[prior_weight] * bins for _ in ORIGIN_NAMES]  # [origins][bins]
+        self.accepted = [[c * prior_weight for c in centres] for _ in ORIGIN_NAMES]  # [origins][bins]
 
     def observe(self, tree: DraftTree, committed: torch.Tensor) -> None:  # committed: [τ] the step's new tokens
         """Count every node of ``tree`` whose parent lies on the committed path, and whether it does itself.
@@ -76,31 +62,24 @@ class AcceptanceCalibration:
         local = local_probabilities(parents, scores)
         on_path = committed_path(parents, tokens, depths, path)
         for node in range(1, len(parents)):
-            parent = parents[node]
-            if on_path[parent] and depths[node] <= len(path):
-                row, column = self.context(origins[node], origins[parent]), self._bin(local[node])
-                self.seen[row][column] += 1.0
-                self.accepted[row][column] += on_path[node]
+            if on_path[parents[node]] and depths[node] <= len(path):
+                origin, column = origins[node], self._bin(local[node])
+                self.seen[origin][column] += 1.0
+                self.accepted[origin][column] += on_path[node]
 
-    def node_rate(self, origin: int, local: float, parent_origin: int = ORIGIN_ROOT) -> float:
-        """Measured P(accepted | parent accepted) of a node of ``origin`` with local probability ``local`` (float32)
-        under a parent of ``parent_origin``."""
-        row, cell = self.context(origin, parent_origin), self._bin(local)
-        return float32(self.accepted[row][cell] / self.seen[row][cell])
+    def node_rate(self, origin: int, local: float) -> float:
+        """Measured P(accepted | parent accepted) of a node of ``origin`` with local probability ``local`` (float32)."""
+        cell = self._bin(local)
+        return float32(self.accepted[origin][cell] / self.seen[origin][cell])
 
     def reach_list(self, tree: DraftTree) -> list[float]:  # [num_nodes], 1 at the root
         """Calibrated probability that verification accepts each node (the product of rates to the root)."""
-        return self.reach_and_origins(tree)[0]
-
-    def reach_and_origins(self, tree: DraftTree) -> tuple[list[float], list[int]]:  # [num_nodes] each
-        """``reach_list`` and the origins it read (what a preview's chains hang under)."""
         parents, scores, origins = host_columns(tree, "parents", "scores", "origins")
         local = local_probabilities(parents, scores)
         reach = [1.0] * len(parents)
         for node in range(1, len(parents)):  # parents first: the product runs down every path at once
-            parent = parents[node]
-            reach[node] = reach[parent] * self.node_rate(origins[node], local[node], origins[parent])
-        return [float32(r) for r in reach], origins
+            reach[node] = reach[parents[node]] * self.node_rate(origins[node], local[node])
+        return [float32(r) for r in reach]
 
     def reach(self, tree: DraftTree) -> torch.Tensor:  # -> [num_nodes] float32, 1 at the root
         return floats(self.reach_list(tree))

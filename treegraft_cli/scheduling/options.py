@@ -41,9 +41,6 @@ class TreeGraftConfig:
     - verify_ms / strong_ms: measured costs (0: measure at warm-up when the policy needs them).
     - trim: the step rule verifies only the nodes whose calibrated reach pays for their share of the
       verification (``StepRule.trim``); false: every node of the cut tree.
-    - run_calibration: the acceptance calibration counts nodes that continue a run of their own origin (an
-      n-gram chain's later tokens) apart from a run's first node (``AcceptanceCalibration``); false: one rate
-      per origin and score bin.
     - chain_length: tokens per chain of the ``ngram`` baseline.
     - device_layers: strong layers the policy calls from layer 1 on whatever the tree holds (``all-mid``,
       ``fixed:1,2``) run on the strong drafter's device and are read back once (``grafting.strong_run``); false:
@@ -67,7 +64,6 @@ class TreeGraftConfig:
     verify_ms: float = 0.0
     strong_ms: float = 0.0
     trim: bool = True
-    run_calibration: bool = True
     chain_length: int = 10
     scheduler: str = ""
     min_margin: float = 0.0

@@ -165,19 +165,17 @@ class WeakPreview:
     def reach(
         self,
         parent_reach: list[float],  # [num_nodes] calibrated reach of the tree's nodes
-        node_rate: Callable[[int, float, int], float],  # (origin, local probability, parent's origin) -> measured rate
-        parent_origins: list[int],  # [num_nodes] origins of the tree's nodes
+        node_rate: Callable[[int, float], float],  # (origin, local probability) -> measured rate
     ) -> list[float]:  # -> [chain tokens]
         """Calibrated reach of every chain token (-inf pads skipped): the parent's times the measured n-gram rates
         along the chain, in float32. The preview is on the host (the layer loop's trees are)."""
         reach = []
         for parent, row in zip(host_value(self.parents), host_value(self.logp), strict=True):
-            product, above = parent_reach[parent], parent_origins[parent]
+            product = parent_reach[parent]
             for logp in row:
                 if math.isfinite(logp):
-                    product *= node_rate(ORIGIN_NGRAM, float32(math.exp(logp)), above)
+                    product *= node_rate(ORIGIN_NGRAM, float32(math.exp(logp)))
                     reach.append(float32(product))
-                    above = ORIGIN_NGRAM
         return reach
 
 
@@ -384,11 +382,11 @@ class CostAwareRule(CallPolicy):
     name = "cost-aware"
     uses_costs = True
 
-    def __init__(self, call_budget: int, hit_rate: float, decay: float = 0.95, runs: bool = True):
+    def __init__(self, call_budget: int, hit_rate: float, decay: float = 0.95):
         super().__init__(call_budget)
         self.hit_rate = hit_rate
         self.decay = decay
-        self.calibration = AcceptanceCalibration(runs=runs)
+        self.calibration = AcceptanceCalibration()
 
     def previews(self, layer: int) -> bool:
         return True
@@ -419,13 +417,13 @@ class CostAwareRule(CallPolicy):
         """(E_skip, E_call): expected accepted tokens of the cut tree after a skip, and after a call that
         grafts under ``positions`` ([p] node indices, the reselection)."""
         tree, h = state.tree, self.hit_rate
-        reach_list, origins = self.calibration.reach_and_origins(tree)
+        reach_list = self.calibration.reach_list(tree)
         reach = floats(reach_list)
         parents = tree.parents[1:].cpu()
         shares = reach[1:] / reach[parents].clamp(min=1e-12)
         covered = torch.zeros(tree.num_nodes).index_add_(0, parents, shares).clamp(max=1.0)
         virtual = reach[positions] * h * (1.0 - covered[positions])
-        weak = floats(state.weak.reach(reach_list, self.calibration.node_rate, origins) if state.weak is not None else [])
+        weak = floats(state.weak.reach(reach_list, self.calibration.node_rate) if state.weak is not None else [])
         skip = expected_accepted(torch.cat([reach[1:], weak]), state.budget)
         return skip, expected_accepted(torch.cat([reach[1:], virtual]), state.budget)
 

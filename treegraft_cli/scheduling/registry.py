@@ -22,7 +22,7 @@ def _learned(argument: str, options: TreeGraftConfig) -> CallPolicy:
 
 def _step(argument: str, options: TreeGraftConfig) -> CallPolicy:
     layers = parse_layers(argument) if argument else options.layers
-    return StepRule(options.call_budget, options.hit_rate, layers, trim=options.trim, runs=options.run_calibration)
+    return StepRule(options.call_budget, options.hit_rate, layers, trim=options.trim)
 
 
 def _fixed(argument: str, options: TreeGraftConfig) -> CallPolicy:
@@ -41,7 +41,7 @@ POLICY_FACTORIES: Mapping[str, Callable[[str, TreeGraftConfig], CallPolicy]] = M
         AllSmall.name: lambda argument, options: AllSmall(options.call_budget),
         AllMid.name: lambda argument, options: AllMid(options.call_budget),
         FixedLayers.name: _fixed,
-        CostAwareRule.name: lambda argument, options: CostAwareRule(options.call_budget, options.hit_rate, runs=options.run_calibration),
+        CostAwareRule.name: lambda argument, options: CostAwareRule(options.call_budget, options.hit_rate),
         LEARNED: _learned,
         "step": _step,
     }

@@ -221,7 +221,6 @@ class StepRule(CallPolicy):
         rate_decay: float = 0.95,
         clock: Callable[[], float] = time.perf_counter,  # seconds
         trim: bool = True,
-        runs: bool = True,  # ``AcceptanceCalibration(runs=...)``
     ):
         super().__init__(call_budget)
         self.trimming = trim
@@ -236,7 +235,7 @@ class StepRule(CallPolicy):
         self.strong_decay = strong_decay
         self.rate_decay = rate_decay
         self.clock = clock
-        self.calibration = AcceptanceCalibration(runs=runs)
+        self.calibration = AcceptanceCalibration()
         self.weak_outcomes = WeakOutcomes()
         self.kinds: dict[str, StepKind] = {}  # weak, short, full: built once D is known
         self.tokens = 0.0  # exponentially weighted accepted length of the verified steps
@@ -324,8 +323,8 @@ class StepRule(CallPolicy):
         chains and what the tree holds, as ``trim`` would cut them) and its size."""
         if state.weak is None:
             return 1.0, 0
-        reach, origins = self.calibration.reach_and_origins(state.tree)
-        weak = state.weak.reach(reach, self.calibration.node_rate, origins)
+        reach = self.calibration.reach_list(state.tree)
+        weak = state.weak.reach(reach, self.calibration.node_rate)
         best = sorted(reach[1:] + list(weak), reverse=True)[: state.budget]
         kept = self.verified(best, state.costs, state.budget, self.weak_outcomes.ratio)
         return 1.0 + sum(best[:kept]), kept
@@ -421,8 +420,8 @@ class LearnedStepRule(StepRule):
     def __init__(self, call_budget: int, hit_rate: float, margin_fn: Callable[[torch.Tensor], float],
                  feature_set: str = "paper", layers: tuple[int, ...] = (), trim: bool = True,
                  distilled_for: Mapping[str, Any] | None = None, source: str = "the scheduler",
-                 min_margin: float = 0.0, runs: bool = True):
-        super().__init__(call_budget, hit_rate, layers, trim=trim, runs=runs)
+                 min_margin: float = 0.0):
+        super().__init__(call_budget, hit_rate, layers, trim=trim)
         self.min_margin = min_margin
         self.margin_fn = margin_fn
         self.feature_set = feature_set
