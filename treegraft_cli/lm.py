@@ -99,7 +99,7 @@ class CausalLM:
         # where the static cache writes next (its layers' own counts, on the device): past ``_length`` after a
         # padded forward until a crop or the next forward moves it back
         self._written = 0
-        self._mask_constants: tuple[torch.Tensor, torch.Tensor] | None = None  # see ``_mask_values``
+        self._mask_constants: tuple[torch.Tensor, torch.Tensor] | None = None  # see ``mask_values``
 
     def capture_hidden_states(self, indices: Sequence[int]) -> None:
         """Keep these hidden states of every later forward in ``last_hidden``, concatenated in this order.
@@ -279,11 +279,11 @@ class CausalLM:
         if n == 1:
             return self.forward(tokens)
         # the tree's part picked from two constants, the committed prefix (all visible: 0) padded in front
-        visible, hidden = self._mask_values()
+        visible, hidden = self.mask_values()
         mask = torch.nn.functional.pad(torch.where(ancestor_mask, visible, hidden), (prefix, 0))  # [n, prefix + n]
         return self._forward(tokens, prefix + depths, mask[None, None])
 
-    def _mask_values(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def mask_values(self) -> tuple[torch.Tensor, torch.Tensor]:
         """0-d additive-mask values in the model's dtype on its device, made once: visible (0), hidden."""
         if self._mask_constants is None:
             zero = torch.zeros((), dtype=self.dtype, device=self.device)

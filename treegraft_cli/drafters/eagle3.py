@@ -35,6 +35,7 @@ class Eagle3Drafter(ModelDrafter):
     """``committed_length`` counts committed cache rows (committed tokens minus one after ``begin_step``)."""
 
     name = "eagle3"
+    forwards_blocks = False  # a node's forward reads its parent's features: it needs the tree
 
     def __init__(self, lm: CausalLM, target: CausalLM):
         super().__init__(lm)
@@ -91,6 +92,9 @@ class Eagle3Drafter(ModelDrafter):
         else:
             self.forward_missing(tree, nodes, ancestor_mask)
         return self._to_target(self.row_logits[self._row_index(tree, nodes).to(self.device)])
+
+    def forward_block(self, tokens: torch.Tensor, depth: int, lineage: torch.Tensor) -> torch.Tensor:
+        raise TypeError("an EAGLE-3 head forwards nodes from their parents' features: use forward_nodes with the tree")
 
     def forward_missing(
         self,

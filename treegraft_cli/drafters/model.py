@@ -62,6 +62,9 @@ def show_tree(
 
 class ModelDrafter:
     name = "model"  # key of its call count in the step statistics
+    # its forwards need only tokens, a depth and what each sees (``forward_block``): no tree, so ``dense`` drafts
+    # on its fixed layout (``methods.dense_layout``)
+    forwards_blocks = True
 
     def __init__(self, lm: CausalLM):
         self.lm = lm
@@ -102,6 +105,24 @@ class ModelDrafter:
         show_tree(mask, tree, nodes, ancestor_mask, self.committed_length)
         positions = on_device_of(tree.buffer("depths").index_select(0, nodes) + (self.committed_length - 1), self.device)
         tokens = on_device_of(tree.buffer("tokens").index_select(0, nodes), self.device)
+        logits = self.lm.forward(tokens, positions, mask=mask)
+        self.calls += 1
+        return logits
+
+    def forward_block(
+        self,
+        tokens: torch.Tensor,  # [m] nodes of one depth
+        depth: int,
+        lineage: torch.Tensor,  # [m, step_rows] bool: this step's cache rows each node sees, its own (the last m) included
+    ) -> torch.Tensor:
+        """Forward ``m`` nodes at ``depth`` whose ancestors' rows are this step's earlier rows; logits ``[m, vocab]``.
+
+        ``lineage`` covers every row after the committed ones, the nodes' own new rows last: the caller knows
+        which rows hold what (a fixed layout), so no tree is read.
+        """
+        visible, hidden = self.lm.mask_values()
+        mask = torch.nn.functional.pad(torch.where(lineage, visible, hidden), (self.committed_length, 0))
+        positions = torch.full((tokens.shape[0],), self.committed_length - 1 + depth, device=self.device)
         logits = self.lm.forward(tokens, positions, mask=mask)
         self.calls += 1
         return logits

@@ -13,6 +13,7 @@ from ..syncs import host_value
 from ..tree import ORIGIN_MODEL, DraftTree, RootTrees
 from ..verify import Verdict
 from .base import Method, Models, Observation, register
+from .dense_layout import DenseLayout
 
 
 def forwarded_prefix(slots: list[int], accepted: list[int]) -> int:  # slots: [num_nodes], accepted: root excluded
@@ -95,9 +96,16 @@ class DenseMethod(ModelDraftingMethod):
     name = "dense"
     description = "EAGLE-2-style dynamic tree from the model drafter (depth D, frontier K, top-N)"
 
+    def __init__(self, models: Models, config: DecodeConfig):
+        super().__init__(models, config)
+        tree = config.tree
+        # a drafter whose forwards need no tree drafts on the fixed layout (the same tree, fewer tensor calls)
+        self.layout = DenseLayout(self.drafter, tree.depth, tree.top_k, tree.budget) if self.drafter.forwards_blocks else None
+
     def draft(self, committed: torch.Tensor) -> DraftTree:
-        tree = self.grow(committed, self.config.tree.depth)
-        return tree.top_by_score(self.config.tree.budget)
+        if self.layout is not None:
+            return self.layout.draft(committed)
+        return self.grow(committed, self.config.tree.depth).top_by_score(self.config.tree.budget)
 
     def grow(self, committed: torch.Tensor, depth: int) -> DraftTree:
         """The full candidate pool: K children of the root, then K children of each of the K best new nodes per depth."""

@@ -1,0 +1,72 @@
+"""The dense tree on its fixed layout is the tree the generic builder grows, node for node and bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import random_prompt, reference_greedy
+
+from treegraft_cli.config import DecodeConfig, TreeConfig
+from treegraft_cli.engine import SpeculativeDecoder
+from treegraft_cli.lm import CausalLM
+from treegraft_cli.methods import Models, create_method
+from treegraft_cli.tree import DraftTree
+
+
+def columns(tree: DraftTree) -> dict[str, torch.Tensor]:
+    return {name: getattr(tree, name) for name in ("tokens", "parents", "depths", "scores", "origins", "kv_slot")} | {
+        "ancestor_mask": tree.ancestor_mask()
+    }
+
+
+def dense_method(drafter_model, target_model, tree: TreeConfig):
+    drafter = CausalLM(drafter_model)
+    models = Models(CausalLM(target_model), drafter, target_model.config.vocab_size)
+    method = create_method(DecodeConfig(method="dense", tree=tree), models)
+    method.drafter.reset()
+    return method
+
+
+@pytest.mark.parametrize("tree", [
+    TreeConfig(budget=16, depth=4, top_k=4),
+    TreeConfig(budget=6, depth=3, top_k=3),
+    TreeConfig(budget=40, depth=3, top_k=4),  # the whole pool (4 + 16 + 16 nodes) fits: nothing is cut
+    TreeConfig(budget=5, depth=1, top_k=5),  # the root's children only: no drafter forward after the root's
+    TreeConfig(budget=3, depth=4, top_k=1),  # a chain
+])
+def test_layout_tree_equals_the_grown_tree(tiny_pair, tree):
+    drafter_model, target_model = (m.model for m in tiny_pair)
+    layout_method = dense_method(drafter_model, target_model, tree)
+    grown_method = dense_method(drafter_model, target_model, tree)
+    assert layout_method.layout is not None
+    committed = random_prompt(7, length=20)
+    for step in range(3):  # later steps start from a cache the previous step's commit left
+        laid = layout_method.draft(committed)
+        grown = grown_method.grow(committed, tree.depth).top_by_score(tree.budget)
+        laid.validate(tree.budget)
+        assert laid.num_nodes == grown.num_nodes
+        for name, expected in columns(grown).items():
+            assert torch.equal(columns(laid)[name], expected), (step, name)
+        assert layout_method.drafter.lm.cache_length == grown_method.drafter.lm.cache_length
+        # accept the best leaf's path, as if the target agreed with it, and commit both drafters alike
+        leaf = int(torch.argmax(torch.where(laid.depths == laid.max_depth, laid.scores, float("-inf"))))
+        path = torch.tensor(laid.path_to(leaf))
+        layout_method.drafter.commit(laid, path)
+        grown_method.drafter.commit(grown, path)
+        committed = torch.cat([committed, laid.tokens[path], torch.tensor([step])])
+
+
+def test_dense_on_its_layout_is_lossless_and_decodes_as_the_grown_trees(tiny_self_pair):
+    drafter, target = tiny_self_pair
+    prompt = random_prompt(11)
+    config = DecodeConfig(method="dense", tree=TreeConfig(budget=12, depth=4, top_k=3), max_new_tokens=24)
+    results = []
+    for layout in (True, False):
+        decoder = SpeculativeDecoder(CausalLM(target.model), config, drafter=CausalLM(drafter.model))
+        if not layout:
+            decoder.method.layout = None
+        results.append(decoder.generate(prompt))
+    laid, grown = results
+    assert laid.output_ids == reference_greedy(target, prompt, 24) == grown.output_ids
+    assert [s.accepted_length for s in laid.steps] == [s.accepted_length for s in grown.steps]
+    assert laid.mean_accepted_length > 1.2  # drafts are accepted: the drafter's masks and positions are right

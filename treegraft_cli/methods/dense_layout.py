@@ -1,0 +1,120 @@
+"""EAGLE-2's dense tree drafted on its fixed layout: how ``dense`` drafts with a small-LM drafter.
+
+Words as in ``tree.py``. A *layer* gives each node of the *frontier* the drafter's top-K children; the K new
+nodes of best cumulative score are the next frontier, which the next layer forwards. The *pool* is every node
+the D layers add, in the order ``DenseMethod.grow`` writes them into a ``DraftTree``: the root's K children,
+then layer by layer the K children of each frontier node, frontier in order. The layout is fixed by (D, K):
+the block of the pool each layer fills, every pool node's depth, and the drafter cache rows each forward adds
+(layer l's frontier takes rows l−1 · K .. l · K − 1 after the committed ones). Only which frontier node a child
+hangs under depends on the logits.
+
+So no layer writes a tree. A layer keeps its children's tokens and scores and the K it picked, plus the
+frontier's *lineage*: which of this step's drafter cache rows each frontier node sees (its ancestors' and its
+own), the tree part of the drafter's attention mask, one gather per layer instead of a tree-wide ancestor mask.
+The top-N tree is assembled once, at the end. It is the tree ``grow`` followed by ``DraftTree.top_by_score``
+gives, node for node and bit for bit (the same top-k and sort calls pick the same nodes;
+tests/test_dense_layout.py), at about half the tensor calls per step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..drafters.logp_rows import log_softmax_float32
+from ..drafters.model import ModelDrafter
+from ..tree import ORIGIN_MODEL, ORIGIN_ROOT, DraftTree
+
+
+class DenseLayout:
+    """The dense tree of depth ``depth``, width ``width`` (K) and ``budget`` (N) nodes, drafted by ``drafter``.
+
+    The constant parts of the layout (depths, the parents of the root's children, the child-to-frontier
+    spread, the rows each forwarded node takes) are built once here, on the drafter's device.
+    """
+
+    def __init__(self, drafter: ModelDrafter, depth: int, width: int, budget: int):
+        self.drafter = drafter
+        self.depth, self.width, self.budget = depth, width, budget
+        device, k = drafter.device, width
+        sizes = [k] + [k * k] * (depth - 1)  # the pool block each layer fills
+        self.pool_size = sum(sizes)
+        self.depths = torch.repeat_interleave(torch.arange(depth + 1, device=device),
+                                              torch.tensor([1, *sizes], device=device))  # [1 + P] root first
+        self.origins = torch.full((1 + self.pool_size,), ORIGIN_MODEL, dtype=torch.int8, device=device)
+        self.origins[0] = ORIGIN_ROOT
+        # node index of each forwarded layer's first child (layers 1..D−1): the frontier's picks are offsets in it
+        firsts = [1 + sum(sizes[:layer]) for layer in range(depth - 1)]
+        self.block_firsts = torch.tensor(firsts, dtype=torch.long, device=device)[:, None]  # [D − 1, 1]
+        # child j of layers 2..D hangs under entry j // K of the frontiers in forward order
+        self.spread = torch.arange((depth - 1) * k, device=device).repeat_interleave(k)  # [(D − 1) · K · K]
+        self.first_parents = torch.tensor([-1] + [0] * k, dtype=torch.long, device=device)  # the root and its children
+        self.forward_rows = torch.arange((depth - 1) * k, device=device)  # [(D − 1) · K] forward order
+        self.no_rows = torch.full((1 + self.pool_size,), -1, dtype=torch.long, device=device)
+        self.eye = torch.eye(k, dtype=torch.bool, device=device)
+        self.root_score = torch.zeros(1, device=device)
+
+    def draft(self, committed: torch.Tensor) -> DraftTree:  # committed: [L], root last
+        """This step's tree: D layers on the drafter, then the N best pool nodes by score (prefix-closed)."""
+        k, drafter = self.width, self.drafter
+        root_logits = drafter.begin_step(committed)  # [vocab]
+        first_row = drafter.committed_length  # this step's rows start here
+        logp, children = torch.topk(log_softmax_float32(root_logits[None]), k, dim=-1)  # [1, K]
+        scores, tokens = logp.view(-1), children.view(-1)  # the root's score is 0: its children score their own
+        layer_tokens, layer_scores, frontiers = [tokens], [scores], []
+        lineage = self.eye  # [K, rows]: layer 1's frontier sees only its own rows
+        for layer in range(1, self.depth):
+            picked = torch.topk(scores, k)  # this layer's frontier: offsets in its block, best first
+            if layer > 1:  # a frontier node sees what its parent (entry pick // K of the last frontier) saw
+                parents = torch.div(picked.indices, k, rounding_mode="floor")
+                lineage = torch.cat([lineage.index_select(0, parents), self.eye], dim=1)
+            frontiers.append(picked.indices)
+            logits = drafter.forward_block(tokens.index_select(0, picked.indices), layer, lineage)  # [K, vocab]
+            logp, children = torch.topk(log_softmax_float32(logits), k, dim=-1)  # [K, K]
+            scores = (picked.values[:, None] + logp).view(-1)  # [K · K] cumulative, parent by parent
+            tokens = children.view(-1)
+            layer_tokens.append(tokens)
+            layer_scores.append(scores)
+        return self.assemble(committed[-1:], layer_tokens, layer_scores, frontiers, first_row)
+
+    def assemble(
+        self,
+        root: torch.Tensor,  # [1] the root token
+        layer_tokens: list[torch.Tensor],  # per layer: [K] (layer 1), then [K · K]
+        layer_scores: list[torch.Tensor],  # the same shapes, float32 cumulative log-probs
+        frontiers: list[torch.Tensor],  # per forwarded layer (1..D − 1): [K] picked offsets in its block
+        first_row: int,  # the drafter cache row of the first forwarded node
+    ) -> DraftTree:
+        """The pool's columns in ``grow``'s node order, cut to the N best nodes as ``top_by_score`` cuts them."""
+        tokens = torch.cat([root.to(layer_tokens[0].device), *layer_tokens])  # [1 + P]
+        scores = torch.cat([self.root_score, *layer_scores])  # [1 + P]
+        parents, slots = self.first_parents, self.no_rows.clone()
+        if frontiers:
+            forwarded = (torch.stack(frontiers) + self.block_firsts).view(-1)  # [(D − 1) · K] node indices, forward order
+            parents = torch.cat([parents, forwarded.index_select(0, self.spread)])
+            slots.index_copy_(0, forwarded, self.forward_rows + first_row)
+        columns = torch.stack([tokens, parents, self.depths, slots])  # [4, 1 + P], DraftTree's int64 block
+        if self.pool_size <= self.budget:
+            return _tree(columns, scores, self.origins.clone(), self.depth)
+        order = torch.sort(scores[1:], descending=True, stable=True).indices + 1
+        kept = torch.nn.functional.pad(torch.sort(order[: self.budget]).values, (1, 0))  # [1 + N] the root first
+        columns = columns.index_select(1, kept)
+        # a kept parent's new index is its position in ``kept``; the root's −1 stays −1
+        torch.sub(torch.searchsorted(kept, columns[1], right=True), 1, out=columns[1])
+        return _tree(columns, scores.index_select(0, kept), self.origins.index_select(0, kept), self.depth)
+
+
+def _tree(
+    columns: torch.Tensor,  # [4, n] tokens, parents (−1 at the root), depths, kv_slot
+    scores: torch.Tensor,  # [n]
+    origins: torch.Tensor,  # [n] int8
+    depth: int,  # no node is deeper
+) -> DraftTree:
+    """A DraftTree on these columns, its ancestor mask marked from each node's ancestors at distances 1..depth."""
+    n = columns.shape[1]
+    up = columns[1].clamp(min=0)  # the root is its own parent: every climb ends there
+    ancestors = [torch.arange(n, device=up.device), up]
+    for _ in range(depth - 1):
+        ancestors.append(up.index_select(0, ancestors[-1]))
+    mask = torch.zeros(n, n, dtype=torch.bool, device=up.device)
+    mask.scatter_(1, torch.stack(ancestors, dim=1), True)
+    return DraftTree.from_parts((columns, scores, origins, mask), n)
