@@ -1,4 +1,4 @@
-"""The dense tree on its fixed layout is the tree the generic builder grows, node for node and bit for bit."""
+"""Dense trees and chains on their fixed layout are the trees the generic builders grow, node for node and bit for bit."""
 
 from __future__ import annotations
 
@@ -19,14 +19,18 @@ def columns(tree: DraftTree) -> dict[str, torch.Tensor]:
     }
 
 
-def dense_method(drafter_model, target_model, tree: TreeConfig):
+def drafting_method(name: str, drafter_model, target_model, tree: TreeConfig, layout: bool):
     drafter = CausalLM(drafter_model)
     models = Models(CausalLM(target_model), drafter, target_model.config.vocab_size)
-    method = create_method(DecodeConfig(method="dense", tree=tree), models)
+    method = create_method(DecodeConfig(method=name, tree=tree), models)
+    assert method.layout is not None
+    if not layout:
+        method.layout = None  # the generic builder: DraftTree writes layer by layer
     method.drafter.reset()
     return method
 
 
+@pytest.mark.parametrize("name", ["dense", "chain"])
 @pytest.mark.parametrize("tree", [
     TreeConfig(budget=16, depth=4, top_k=4),
     TreeConfig(budget=6, depth=3, top_k=3),
@@ -34,15 +38,14 @@ def dense_method(drafter_model, target_model, tree: TreeConfig):
     TreeConfig(budget=5, depth=1, top_k=5),  # the root's children only: no drafter forward after the root's
     TreeConfig(budget=3, depth=4, top_k=1),  # a chain
 ])
-def test_layout_tree_equals_the_grown_tree(tiny_pair, tree):
+def test_layout_tree_equals_the_grown_tree(tiny_pair, name, tree):
     drafter_model, target_model = (m.model for m in tiny_pair)
-    layout_method = dense_method(drafter_model, target_model, tree)
-    grown_method = dense_method(drafter_model, target_model, tree)
-    assert layout_method.layout is not None
+    layout_method = drafting_method(name, drafter_model, target_model, tree, layout=True)
+    grown_method = drafting_method(name, drafter_model, target_model, tree, layout=False)
     committed = random_prompt(7, length=20)
     for step in range(3):  # later steps start from a cache the previous step's commit left
         laid = layout_method.draft(committed)
-        grown = grown_method.grow(committed, tree.depth).top_by_score(tree.budget)
+        grown = grown_method.draft(committed)
         laid.validate(tree.budget)
         assert laid.num_nodes == grown.num_nodes
         for name, expected in columns(grown).items():
@@ -56,10 +59,11 @@ def test_layout_tree_equals_the_grown_tree(tiny_pair, tree):
         committed = torch.cat([committed, laid.tokens[path], torch.tensor([step])])
 
 
-def test_dense_on_its_layout_is_lossless_and_decodes_as_the_grown_trees(tiny_self_pair):
+@pytest.mark.parametrize("name", ["dense", "chain", "graft"])
+def test_layout_decoding_is_lossless_and_decodes_as_the_grown_trees(tiny_self_pair, name):
     drafter, target = tiny_self_pair
     prompt = random_prompt(11)
-    config = DecodeConfig(method="dense", tree=TreeConfig(budget=12, depth=4, top_k=3), max_new_tokens=24)
+    config = DecodeConfig(method=name, tree=TreeConfig(budget=12, depth=4, top_k=3), max_new_tokens=24)
     results = []
     for layout in (True, False):
         decoder = SpeculativeDecoder(CausalLM(target.model), config, drafter=CausalLM(drafter.model))
@@ -69,4 +73,23 @@ def test_dense_on_its_layout_is_lossless_and_decodes_as_the_grown_trees(tiny_sel
     laid, grown = results
     assert laid.output_ids == reference_greedy(target, prompt, 24) == grown.output_ids
     assert [s.accepted_length for s in laid.steps] == [s.accepted_length for s in grown.steps]
-    assert laid.mean_accepted_length > 1.2  # drafts are accepted: the drafter's masks and positions are right
+    assert [s.drafter_calls for s in laid.steps] == [s.drafter_calls for s in grown.steps]  # graft: the same stages fire
+    # a step accepts two drafted nodes or more: the drafter's masks and positions below the root's children are right
+    assert max(s.accepted_length for s in laid.steps) >= 3
+
+
+def test_graft_fires_on_the_layout_as_on_the_grown_tree(tiny_pair):
+    """An unrelated drafter is never confident: graft's first checkpoint fires on (nearly) every step."""
+    drafter, target = tiny_pair
+    prompt = torch.cat([random_prompt(5, length=12)] * 2)
+    config = DecodeConfig(method="graft", tree=TreeConfig(budget=12, depth=4, top_k=3), max_new_tokens=20)
+    results = []
+    for layout in (True, False):
+        decoder = SpeculativeDecoder(CausalLM(target.model), config, drafter=CausalLM(drafter.model))
+        if not layout:
+            decoder.method.layout = None
+        results.append(decoder.generate(prompt))
+    laid, grown = results
+    assert laid.output_ids == grown.output_ids == reference_greedy(target, prompt, 20)
+    assert [s.drafter_calls for s in laid.steps] == [s.drafter_calls for s in grown.steps]
+    assert any("adjacency" in s.drafter_calls for s in laid.steps)

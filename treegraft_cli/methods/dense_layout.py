@@ -18,10 +18,13 @@ tests/test_dense_layout.py), at about half the tensor calls per step.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from ..drafters.logp_rows import log_softmax_float32
 from ..drafters.model import ModelDrafter
+from ..lm import on_device_of
 from ..tree import ORIGIN_MODEL, ORIGIN_ROOT, DraftTree
 
 
@@ -37,7 +40,7 @@ class DenseLayout:
         self.depth, self.width, self.budget = depth, width, budget
         device, k = drafter.device, width
         sizes = [k] + [k * k] * (depth - 1)  # the pool block each layer fills
-        self.pool_size = sum(sizes)
+        self.pool_size = sum(sizes)  # P
         self.depths = torch.repeat_interleave(torch.arange(depth + 1, device=device),
                                               torch.tensor([1, *sizes], device=device))  # [1 + P] root first
         self.origins = torch.full((1 + self.pool_size,), ORIGIN_MODEL, dtype=torch.int8, device=device)
@@ -53,54 +56,91 @@ class DenseLayout:
         self.eye = torch.eye(k, dtype=torch.bool, device=device)
         self.root_score = torch.zeros(1, device=device)
 
+    def pool_nodes(self, layers: int) -> int:
+        """Nodes the first ``layers`` layers add (root excluded)."""
+        return self.width + (layers - 1) * self.width * self.width if layers else 0
+
     def draft(self, committed: torch.Tensor) -> DraftTree:  # committed: [L], root last
         """This step's tree: D layers on the drafter, then the N best pool nodes by score (prefix-closed)."""
+        *_, drafted = self.layers(committed)  # every layer: the pool after the last
+        return drafted.top_by_score(self.budget)
+
+    def layers(self, committed: torch.Tensor) -> Iterator[DenseDraft]:  # committed: [L], root last
+        """Draft layer by layer, yielding the pool after each of the D layers (one object, grown in place): a
+        caller that stops early (``graft``'s checkpoints) spares the forwards of the layers after."""
         k, drafter = self.width, self.drafter
         root_logits = drafter.begin_step(committed)  # [vocab]
-        first_row = drafter.committed_length  # this step's rows start here
+        drafted = DenseDraft(self, committed[-1:], drafter.committed_length)
         logp, children = torch.topk(log_softmax_float32(root_logits[None]), k, dim=-1)  # [1, K]
         scores, tokens = logp.view(-1), children.view(-1)  # the root's score is 0: its children score their own
-        layer_tokens, layer_scores, frontiers = [tokens], [scores], []
+        drafted.add_layer(tokens, scores)
+        yield drafted
         lineage = self.eye  # [K, rows]: layer 1's frontier sees only its own rows
         for layer in range(1, self.depth):
             picked = torch.topk(scores, k)  # this layer's frontier: offsets in its block, best first
             if layer > 1:  # a frontier node sees what its parent (entry pick // K of the last frontier) saw
                 parents = torch.div(picked.indices, k, rounding_mode="floor")
                 lineage = torch.cat([lineage.index_select(0, parents), self.eye], dim=1)
-            frontiers.append(picked.indices)
+            drafted.frontiers.append(picked.indices)
             logits = drafter.forward_block(tokens.index_select(0, picked.indices), layer, lineage)  # [K, vocab]
             logp, children = torch.topk(log_softmax_float32(logits), k, dim=-1)  # [K, K]
             scores = (picked.values[:, None] + logp).view(-1)  # [K · K] cumulative, parent by parent
             tokens = children.view(-1)
-            layer_tokens.append(tokens)
-            layer_scores.append(scores)
-        return self.assemble(committed[-1:], layer_tokens, layer_scores, frontiers, first_row)
+            drafted.add_layer(tokens, scores)
+            yield drafted
 
-    def assemble(
-        self,
-        root: torch.Tensor,  # [1] the root token
-        layer_tokens: list[torch.Tensor],  # per layer: [K] (layer 1), then [K · K]
-        layer_scores: list[torch.Tensor],  # the same shapes, float32 cumulative log-probs
-        frontiers: list[torch.Tensor],  # per forwarded layer (1..D − 1): [K] picked offsets in its block
-        first_row: int,  # the drafter cache row of the first forwarded node
-    ) -> DraftTree:
-        """The pool's columns in ``grow``'s node order, cut to the N best nodes as ``top_by_score`` cuts them."""
-        tokens = torch.cat([root.to(layer_tokens[0].device), *layer_tokens])  # [1 + P]
-        scores = torch.cat([self.root_score, *layer_scores])  # [1 + P]
-        parents, slots = self.first_parents, self.no_rows.clone()
-        if frontiers:
-            forwarded = (torch.stack(frontiers) + self.block_firsts).view(-1)  # [(D − 1) · K] node indices, forward order
-            parents = torch.cat([parents, forwarded.index_select(0, self.spread)])
-            slots.index_copy_(0, forwarded, self.forward_rows + first_row)
-        columns = torch.stack([tokens, parents, self.depths, slots])  # [4, 1 + P], DraftTree's int64 block
-        if self.pool_size <= self.budget:
-            return _tree(columns, scores, self.origins.clone(), self.depth)
+
+class DenseDraft:
+    """The layers of one step's dense tree drafted so far. Answers what a ``DraftTree`` of the pool would
+    (``size``, ``top_by_score``) without writing one until asked."""
+
+    def __init__(self, layout: DenseLayout, root: torch.Tensor, first_row: int):  # root: [1] the root token
+        self.layout = layout
+        self.root = root
+        self.first_row = first_row  # the drafter cache row of the first forwarded node
+        self.tokens: list[torch.Tensor] = []  # per layer: [K] (layer 1), then [K · K]
+        self.scores: list[torch.Tensor] = []  # the same shapes, float32 cumulative log-probs
+        self.frontiers: list[torch.Tensor] = []  # per forwarded layer: [K] picked offsets in its block, best first
+
+    def add_layer(self, tokens: torch.Tensor, scores: torch.Tensor) -> None:
+        self.tokens.append(tokens)
+        self.scores.append(scores)
+
+    @property
+    def size(self) -> int:
+        """Pool nodes so far (root excluded)."""
+        return self.layout.pool_nodes(len(self.tokens))
+
+    def best_score(self) -> torch.Tensor:  # [] on the device
+        """The best cumulative score of the last layer's nodes."""
+        return self.scores[-1].max()
+
+    def top_by_score(self, budget: int) -> DraftTree:
+        """``DraftTree.top_by_score`` of the pool so far: its columns in ``grow``'s node order, cut to the
+        ``budget`` best nodes."""
+        layout, n, forwarded_layers = self.layout, 1 + self.size, len(self.frontiers)
+        tokens = torch.cat([on_device_of(self.root, self.tokens[0].device), *self.tokens])  # [1 + P]
+        scores = torch.cat([layout.root_score, *self.scores])  # [1 + P]
+        parents, slots = layout.first_parents, _prefix(layout.no_rows, n).clone()
+        if forwarded_layers:
+            forwarded = (torch.stack(self.frontiers) + _prefix(layout.block_firsts, forwarded_layers)).view(-1)  # [F · K]
+            parents = torch.cat([parents, forwarded.index_select(0, _prefix(layout.spread, n - 1 - layout.width))])
+            slots.index_copy_(0, forwarded, _prefix(layout.forward_rows, forwarded.shape[0]) + self.first_row)
+        depths = _prefix(layout.depths, n)
+        columns = torch.stack([tokens, parents, depths, slots])  # [4, 1 + P], DraftTree's int64 block
+        if self.size <= budget:
+            return _tree(columns, scores, _prefix(layout.origins, n).clone(), len(self.tokens))
         order = torch.sort(scores[1:], descending=True, stable=True).indices + 1
-        kept = torch.nn.functional.pad(torch.sort(order[: self.budget]).values, (1, 0))  # [1 + N] the root first
+        kept = torch.nn.functional.pad(torch.sort(order[:budget]).values, (1, 0))  # [1 + N] the root first
         columns = columns.index_select(1, kept)
         # a kept parent's new index is its position in ``kept``; the root's −1 stays −1
         torch.sub(torch.searchsorted(kept, columns[1], right=True), 1, out=columns[1])
-        return _tree(columns, scores.index_select(0, kept), self.origins.index_select(0, kept), self.depth)
+        return _tree(columns, scores.index_select(0, kept), layout.origins.index_select(0, kept), len(self.tokens))
+
+
+def _prefix(column: torch.Tensor, n: int) -> torch.Tensor:
+    """The first ``n`` entries of a layout column: the column itself when that is all of it (no slicing call)."""
+    return column if column.shape[0] == n else column[:n]
 
 
 def _tree(

@@ -38,7 +38,8 @@ from ..syncs import host_value, read
 from ..tree import DraftTree, RootTrees
 from ..verify import Verdict
 from .base import Method, Models, Observation, Prefill, register
-from .model_drafting import DenseMethod, Frontier
+from .dense_layout import DenseDraft
+from .model_drafting import DenseMethod, GrownDraft
 
 
 def _check(condition: bool, message: str, hint: str) -> None:
@@ -187,26 +188,18 @@ class GraftMethod(DenseMethod):
         self.table.write_prompt(prefill.prompt_ids, prefill.logits)
 
     def draft(self, committed: torch.Tensor) -> DraftTree:
-        k, budget = self.config.tree.top_k, self.config.tree.budget
         self.fired, self.deferred = None, None
-        depth = self.config.tree.depth
-        tree = self.roots.tree(committed[-1:], self.drafter.device, capacity=1 + k + (depth - 1) * k * k)
-        logits = self.drafter.begin_step(committed)[None]
-        frontier = Frontier.root(tree.device)
-        for layer in range(self.config.tree.depth):
-            if layer > 0:
-                logits = self.drafter.forward_nodes(tree, frontier.nodes, ancestors_forwarded=True)
-            frontier = self.expand(tree, frontier, logits, k)
-            grafted = self.checkpoint(tree, layer, frontier.scores[0])
+        for layer, drafted in enumerate(self.layers(committed)):
+            grafted = self.checkpoint(drafted, layer)
             if grafted is not None:
                 return grafted
-        return tree.top_by_score(budget)
+        return drafted.top_by_score(self.config.tree.budget)
 
-    def checkpoint(self, tree: DraftTree, layer: int, best: torch.Tensor) -> DraftTree | None:
+    def checkpoint(self, drafted: DenseDraft | GrownDraft, layer: int) -> DraftTree | None:
         """The grafted tree when a checkpoint on ``layer`` fires (``self.fired`` set), else None.
 
-        ``best`` ([] on the device): log c_d, the best score the layer drafted (its frontier's first, as
-        ``confidence`` finds it in the tree).
+        ``drafted``: the pool drafted up to ``layer``; its ``best_score`` is log c_d, the best score the layer
+        drafted (``confidence`` finds it in a tree).
 
         One read decides it: the layer's confidence, packed with how many nodes the graft of the first stage
         that can fire would add. That graft is worked out before the read (``AdjacencyTable.prepare`` touches
@@ -215,11 +208,12 @@ class GraftMethod(DenseMethod):
         stages = [i for i, stage in enumerate(self.stages) if stage.layer == layer]
         if not stages:
             return None
-        if all(self.changes_nothing(self.stages[i], tree) for i in stages):
+        best = drafted.best_score()
+        if all(self.changes_nothing(self.stages[i], drafted) for i in stages):
             self.deferred = (stages, best)
             return None
         guess = next((i for i in stages if self.stages[i].log_threshold > -math.inf), stages[0])
-        kept = tree.top_by_score(self.stages[guess].draft_nodes)
+        kept = drafted.top_by_score(self.stages[guess].draft_nodes)
         pending = self.table.prepare(kept, self.stages[guess].template, self.config.tree.budget - kept.size, layer + 1)
         if pending is None:
             log_confidence = read(best)
@@ -230,12 +224,12 @@ class GraftMethod(DenseMethod):
             return None
         if self.fired == guess and pending is not None:
             return self.table.finish(pending, int(count))
-        return self.graft(tree, self.stages[self.fired])
+        return self.graft(drafted, self.stages[self.fired])
 
-    def graft(self, tree: DraftTree, stage: Stage) -> DraftTree:
-        """The stage's ``K_draft`` best nodes of ``tree`` (drafted up to the stage's layer), the freed slots grafted
+    def graft(self, drafted: DenseDraft | GrownDraft, stage: Stage) -> DraftTree:
+        """The stage's ``K_draft`` best nodes of the pool drafted up to the stage's layer, the freed slots grafted
         from the table."""
-        kept = tree.top_by_score(stage.draft_nodes)
+        kept = drafted.top_by_score(stage.draft_nodes)
         return self.table.graft(kept, stage.template, self.config.tree.budget - kept.size, stage.layer + 1)
 
     @staticmethod
@@ -248,13 +242,13 @@ class GraftMethod(DenseMethod):
         stages = [i for i, stage in enumerate(self.stages) if stage.layer == layer]
         return self.first_below(stages, read(self.confidence(tree, layer))) if stages else None
 
-    def changes_nothing(self, stage: Stage, tree: DraftTree) -> bool:
+    def changes_nothing(self, stage: Stage, drafted: DenseDraft | GrownDraft) -> bool:
         """Firing ``stage`` now gives the tree that not firing gives: it never fires (τ_d = 0), or it is on the
         last layer and keeps the whole budget of a pool at least that large."""
         if stage.log_threshold == -math.inf:
             return True
         budget = self.config.tree.budget
-        return stage.layer == self.config.tree.depth - 1 and stage.draft_nodes >= budget and tree.size >= budget
+        return stage.layer == self.config.tree.depth - 1 and stage.draft_nodes >= budget and drafted.size >= budget
 
     def first_below(self, stages: list[int], log_confidence: float) -> int | None:
         return next((i for i in stages if log_confidence < self.stages[i].log_threshold), None)

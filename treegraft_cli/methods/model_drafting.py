@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -13,7 +14,7 @@ from ..syncs import host_value
 from ..tree import ORIGIN_MODEL, DraftTree, RootTrees
 from ..verify import Verdict
 from .base import Method, Models, Observation, register
-from .dense_layout import DenseLayout
+from .dense_layout import DenseDraft, DenseLayout
 
 
 def forwarded_prefix(slots: list[int], accepted: list[int]) -> int:  # slots: [num_nodes], accepted: root excluded
@@ -69,6 +70,25 @@ class Frontier:
         return cls(torch.zeros(1, dtype=torch.long, device=device), None, 0)
 
 
+@dataclass(frozen=True)
+class GrownDraft:
+    """The pool so far as the generic builder grows it (a tree written layer by layer), answering as ``DenseDraft``."""
+
+    tree: DraftTree
+    frontier: Frontier  # the last layer's K best nodes
+
+    @property
+    def size(self) -> int:
+        return self.tree.size
+
+    def best_score(self) -> torch.Tensor:  # [] on the device
+        """The best cumulative score of the last layer's nodes (its frontier's first)."""
+        return self.frontier.scores[0]
+
+    def top_by_score(self, budget: int) -> DraftTree:
+        return self.tree.top_by_score(budget)
+
+
 @register
 class ChainMethod(ModelDraftingMethod):
     """Classic speculative decoding: the drafter's greedy chain of ``tree.depth`` tokens."""
@@ -76,8 +96,16 @@ class ChainMethod(ModelDraftingMethod):
     name = "chain"
     description = "drafter's greedy chain of depth tokens (classic speculative decoding)"
 
+    def __init__(self, models: Models, config: DecodeConfig):
+        super().__init__(models, config)
+        self.length = min(config.tree.depth, config.tree.budget)
+        # a chain is the dense tree one node wide: a drafter whose forwards need no tree drafts it on that layout
+        self.layout = DenseLayout(self.drafter, self.length, 1, self.length) if self.drafter.forwards_blocks else None
+
     def draft(self, committed: torch.Tensor) -> DraftTree:
-        length = min(self.config.tree.depth, self.config.tree.budget)
+        if self.layout is not None:
+            return self.layout.draft(committed)
+        length = self.length
         tree = self.roots.tree(committed[-1:], self.drafter.device, capacity=length + 1)
         logits = self.drafter.begin_step(committed)[None]
         last = torch.zeros(1, dtype=torch.long, device=tree.device)
@@ -103,20 +131,24 @@ class DenseMethod(ModelDraftingMethod):
         self.layout = DenseLayout(self.drafter, tree.depth, tree.top_k, tree.budget) if self.drafter.forwards_blocks else None
 
     def draft(self, committed: torch.Tensor) -> DraftTree:
-        if self.layout is not None:
-            return self.layout.draft(committed)
-        return self.grow(committed, self.config.tree.depth).top_by_score(self.config.tree.budget)
+        *_, drafted = self.layers(committed)  # every layer: the pool after the last
+        return drafted.top_by_score(self.config.tree.budget)
 
-    def grow(self, committed: torch.Tensor, depth: int) -> DraftTree:
-        """The full candidate pool: K children of the root, then K children of each of the K best new nodes per depth."""
-        k = self.config.tree.top_k
+    def layers(self, committed: torch.Tensor) -> Iterator[DenseDraft | GrownDraft]:  # committed: [L], root last
+        """The candidate pool after each of the D layers: K children of the root, then K children of each of the
+        K best new nodes per layer. A caller that stops early spares the forwards of the layers after."""
+        if self.layout is not None:
+            yield from self.layout.layers(committed)
+            return
+        k, depth = self.config.tree.top_k, self.config.tree.depth
         tree = self.roots.tree(committed[-1:], self.drafter.device, capacity=1 + k + (depth - 1) * k * k)
         root_logits = self.drafter.begin_step(committed)
         frontier = self.expand(tree, Frontier.root(tree.device), root_logits[None], k)
+        yield GrownDraft(tree, frontier)
         for _ in range(depth - 1):
             logits = self.drafter.forward_nodes(tree, frontier.nodes, ancestors_forwarded=True)
             frontier = self.expand(tree, frontier, logits, k)
-        return tree
+            yield GrownDraft(tree, frontier)
 
     def expand(
         self,
