@@ -89,6 +89,33 @@ class DenseLayout:
             drafted.add_layer(tokens, scores)
             yield drafted
 
+    def tree(
+        self,
+        columns: torch.Tensor,  # [4, n] tokens, parents (−1 at the root), depths, kv_slot
+        scores: torch.Tensor,  # [n]
+        origins: torch.Tensor,  # [n] int8
+        depth: int,  # no node is deeper
+        capacity: int = 0,  # buffers for this many nodes (at least n); 0: n
+    ) -> DraftTree:
+        """A DraftTree on these columns, its ancestor mask marked from each node's ancestors at distances 1..depth.
+        Past the nodes, room for appending holds ``DraftTree``'s fill values: no row (−1) and a diagonal mask."""
+        n = columns.shape[1]
+        up = columns[1].clamp(min=0)  # the root is its own parent: every climb ends there
+        ancestors = [torch.arange(n, device=up.device), up]
+        for _ in range(depth - 1):
+            ancestors.append(up.index_select(0, ancestors[-1]))
+        ancestors = torch.stack(ancestors, dim=1)  # [n, depth + 1]
+        if capacity <= n:
+            mask = torch.zeros(n, n, dtype=torch.bool, device=up.device)
+            mask.scatter_(1, ancestors, True)
+            return DraftTree.from_parts((columns, scores, origins, mask), n)
+        room = (0, capacity - n)
+        mask = torch.eye(capacity, dtype=torch.bool, device=up.device)
+        mask[:n].scatter_(1, ancestors, True)
+        pad = torch.nn.functional.pad
+        parts = (pad(columns, room, value=-1), pad(scores, room, value=float("-inf")), pad(origins, room), mask)
+        return DraftTree.from_parts(parts, n)
+
 
 class DenseDraft:
     """The layers of one step's dense tree drafted so far. Answers what a ``DraftTree`` of the pool would
@@ -115,9 +142,10 @@ class DenseDraft:
         """The best cumulative score of the last layer's nodes."""
         return self.scores[-1].max()
 
-    def top_by_score(self, budget: int) -> DraftTree:
+    def top_by_score(self, budget: int, capacity: int = 0) -> DraftTree:
         """``DraftTree.top_by_score`` of the pool so far: its columns in ``grow``'s node order, cut to the
-        ``budget`` best nodes."""
+        ``budget`` best nodes. ``capacity``: room for that many nodes (root included), for a caller that appends
+        (``graft``); else exactly the nodes."""
         layout, n, forwarded_layers = self.layout, 1 + self.size, len(self.frontiers)
         tokens = torch.cat([on_device_of(self.root, self.tokens[0].device), *self.tokens])  # [1 + P]
         scores = torch.cat([layout.root_score, *self.scores])  # [1 + P]
@@ -129,13 +157,14 @@ class DenseDraft:
         depths = _prefix(layout.depths, n)
         columns = torch.stack([tokens, parents, depths, slots])  # [4, 1 + P], DraftTree's int64 block
         if self.size <= budget:
-            return _tree(columns, scores, _prefix(layout.origins, n).clone(), len(self.tokens))
+            return layout.tree(columns, scores, _prefix(layout.origins, n).clone(), len(self.tokens), capacity)
         order = torch.sort(scores[1:], descending=True, stable=True).indices + 1
         kept = torch.nn.functional.pad(torch.sort(order[:budget]).values, (1, 0))  # [1 + N] the root first
         columns = columns.index_select(1, kept)
         # a kept parent's new index is its position in ``kept``; the root's −1 stays −1
         torch.sub(torch.searchsorted(kept, columns[1], right=True), 1, out=columns[1])
-        return _tree(columns, scores.index_select(0, kept), layout.origins.index_select(0, kept), len(self.tokens))
+        origins = layout.origins.index_select(0, kept)
+        return layout.tree(columns, scores.index_select(0, kept), origins, len(self.tokens), capacity)
 
 
 def _prefix(column: torch.Tensor, n: int) -> torch.Tensor:
@@ -143,18 +172,3 @@ def _prefix(column: torch.Tensor, n: int) -> torch.Tensor:
     return column if column.shape[0] == n else column[:n]
 
 
-def _tree(
-    columns: torch.Tensor,  # [4, n] tokens, parents (−1 at the root), depths, kv_slot
-    scores: torch.Tensor,  # [n]
-    origins: torch.Tensor,  # [n] int8
-    depth: int,  # no node is deeper
-) -> DraftTree:
-    """A DraftTree on these columns, its ancestor mask marked from each node's ancestors at distances 1..depth."""
-    n = columns.shape[1]
-    up = columns[1].clamp(min=0)  # the root is its own parent: every climb ends there
-    ancestors = [torch.arange(n, device=up.device), up]
-    for _ in range(depth - 1):
-        ancestors.append(up.index_select(0, ancestors[-1]))
-    mask = torch.zeros(n, n, dtype=torch.bool, device=up.device)
-    mask.scatter_(1, torch.stack(ancestors, dim=1), True)
-    return DraftTree.from_parts((columns, scores, origins, mask), n)

@@ -213,7 +213,8 @@ class GraftMethod(DenseMethod):
             self.deferred = (stages, best)
             return None
         guess = next((i for i in stages if self.stages[i].log_threshold > -math.inf), stages[0])
-        kept = drafted.top_by_score(self.stages[guess].draft_nodes)
+        # room for the whole budget: the graft appends to the kept nodes
+        kept = drafted.top_by_score(self.stages[guess].draft_nodes, capacity=self.config.tree.budget + 1)
         pending = self.table.prepare(kept, self.stages[guess].template, self.config.tree.budget - kept.size, layer + 1)
         if pending is None:
             log_confidence = read(best)
@@ -229,7 +230,7 @@ class GraftMethod(DenseMethod):
     def graft(self, drafted: DenseDraft | GrownDraft, stage: Stage) -> DraftTree:
         """The stage's ``K_draft`` best nodes of the pool drafted up to the stage's layer, the freed slots grafted
         from the table."""
-        kept = drafted.top_by_score(stage.draft_nodes)
+        kept = drafted.top_by_score(stage.draft_nodes, capacity=self.config.tree.budget + 1)
         return self.table.graft(kept, stage.template, self.config.tree.budget - kept.size, stage.layer + 1)
 
     @staticmethod

@@ -85,7 +85,7 @@ class GrownDraft:
         """The best cumulative score of the last layer's nodes (its frontier's first)."""
         return self.frontier.scores[0]
 
-    def top_by_score(self, budget: int) -> DraftTree:
+    def top_by_score(self, budget: int, capacity: int = 0) -> DraftTree:  # capacity: a tree grows as it needs
         return self.tree.top_by_score(budget)
 
 
