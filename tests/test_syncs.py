@@ -74,11 +74,11 @@ def test_tree_methods_without_strong_calls_read_once_per_step(tiny_self_pair):
 # makes on this prompt, so an extra op per node or per layer shows.
 CALLS_PER_STEP = {
     "ar": 30,
-    "chain": 200,
-    "dense": 245,
+    "chain": 152,
+    "dense": 185,
     "ngram": 46,
     "adjacency": 250,
-    "graft": 320,
+    "graft": 295,
     "all-small": 92,
     "all-mid": 350,
     "fixed:1,3": 275,
