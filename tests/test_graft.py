@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from treegraft_cli.config import DecodeConfig, TreeConfig, parse_options
 from treegraft_cli.drafters.adjacency import AdjacencyTable
-from treegraft_cli.drafters.rank_template import BASE_TEMPLATE, build_template, scale_counts
+from treegraft_cli.drafters.rank_template import BASE_TEMPLATE, build_template, rank_log_prior, scale_counts
 from treegraft_cli.engine import SpeculativeDecoder
 from treegraft_cli.errors import ConfigError
 from treegraft_cli.lm import CausalLM
@@ -113,6 +113,21 @@ def test_duplicate_of_a_draft_child_merges_and_frees_its_slot():
     assert grafted.size == 4  # token 1 merged into the draft node, the next candidate took its slot
     assert int(grafted.origins[1]) == ORIGIN_MODEL
     assert int((grafted.origins == ORIGIN_ADJACENCY).sum()) == 3
+
+
+def test_a_graft_on_a_bare_root_scores_each_node_by_its_parent_and_its_rank():
+    """Every retrieved node's score is its parent's plus log q(rank of its token in the parent's row), in float32."""
+    generator = torch.Generator().manual_seed(3)
+    table = AdjacencyTable(4)
+    table.write(torch.arange(12), torch.randn(12, 12, generator=generator))
+    tree = table.graft(DraftTree.from_root(5), build_template(scale_counts(BASE_TEMPLATE, 20, 4), 20, 4), 20)
+    tree.validate(budget=20)
+    assert tree.size == 20 and tree.max_depth >= 3
+    for node in range(1, tree.num_nodes):
+        parent = int(tree.parents[node])
+        rank = int(torch.nonzero(table.table[tree.tokens[parent]] == tree.tokens[node]))
+        expected = tree.scores[parent] + torch.tensor(rank_log_prior(rank), dtype=torch.float32)
+        assert torch.equal(tree.scores[node], expected), node
 
 
 @st.composite

@@ -77,7 +77,7 @@ CALLS_PER_STEP = {
     "chain": 152,
     "dense": 185,
     "ngram": 46,
-    "adjacency": 250,
+    "adjacency": 216,
     "graft": 295,
     "all-small": 92,
     "all-mid": 350,

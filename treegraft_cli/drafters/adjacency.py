@@ -166,14 +166,14 @@ class AdjacencyTable:
         tokens[:1] = tree.tokens[:1]
         node = torch.zeros(size + 1, dtype=torch.long, device=device)
         node[1:] = template.fresh_all(device, n)  # every candidate new until it merges (``_resolve``)
-        # scores by resolved node: the tree's nodes, then every candidate's own (a merged one's too)
-        scores = torch.cat([tree.scores, tree.scores.new_empty(size)])  # [n + size]
         columns = template.level_columns(device)
-        if n == 1:  # a bare root: nothing to merge into, every candidate is new
-            for _, slot, parent, rank, prior in columns:
+        if n == 1:  # a bare root: nothing to merge into, every candidate is new and scored by its priors alone
+            scores = torch.cat([tree.scores, template.root_scores(device)])  # [1 + size] slot s holds node s
+            for _, slot, parent, rank, _ in columns:
                 tokens.index_copy_(0, slot, successors[tokens.index_select(0, parent), rank])
-                scores.index_copy_(0, slot, scores.index_select(0, parent) + prior)  # slot s holds node n + s - 1 = s
         else:
+            # scores by resolved node: the tree's nodes, then every candidate's own (a merged one's too)
+            scores = torch.cat([tree.scores, tree.scores.new_empty(size)])  # [n + size]
             levels = template.fresh_levels(device, n)
             self._resolve(tree, tokens, node, scores, successors, columns, levels, len(columns) if depth is None else depth)
         is_new = (tokens[1:] != invalid) & (node[1:] >= n)  # [size] valid new candidates, in priority order

@@ -100,6 +100,17 @@ class RankTemplate:
             )
         return cache[device]
 
+    def root_scores(self, device: torch.device) -> torch.Tensor:  # [S] float32
+        """Every candidate's score when grafted under a bare root (score 0, as every tree's root): its path's log
+        priors summed in float32 depth by depth, as grafting sums them; memoised per device."""
+        cache = self.__dict__.setdefault("_root_scores", {})
+        if device not in cache:
+            scores = torch.zeros(self.size + 1, device=device)  # slot 0: the root
+            for _, slot, parent, _, prior in self.level_columns(device):
+                scores.index_copy_(0, slot, scores.index_select(0, parent) + prior)
+            cache[device] = scores[1:]
+        return cache[device]
+
     def _on(self, device: torch.device) -> dict[str, torch.Tensor]:
         """Whole-template columns on ``device``, copied once per device (a per-instance memo)."""
         cache = self.__dict__.setdefault("_columns_on", {})
