@@ -7,7 +7,7 @@ import torch
 from conftest import random_prompt, reference_greedy
 
 from treegraft_cli.config import DecodeConfig, TreeConfig
-from treegraft_cli.engine import SpeculativeDecoder
+from treegraft_cli.engine import Generation, SpeculativeDecoder
 from treegraft_cli.lm import CausalLM
 from treegraft_cli.methods import Models, create_method
 from treegraft_cli.tree import DraftTree
@@ -59,19 +59,24 @@ def test_layout_tree_equals_the_grown_tree(tiny_pair, name, tree):
         committed = torch.cat([committed, laid.tokens[path], torch.tensor([step])])
 
 
-@pytest.mark.parametrize("name", ["dense", "chain", "graft"])
-def test_layout_decoding_is_lossless_and_decodes_as_the_grown_trees(tiny_self_pair, name):
-    drafter, target = tiny_self_pair
-    prompt = random_prompt(11)
-    config = DecodeConfig(method=name, tree=TreeConfig(budget=12, depth=4, top_k=3), max_new_tokens=24)
+def decode_both(pair, config: DecodeConfig, prompt: torch.Tensor) -> tuple[Generation, Generation]:
+    """The generation with the layout, then with the generic builder (same models, fresh caches)."""
+    drafter, target = pair
     results = []
     for layout in (True, False):
         decoder = SpeculativeDecoder(CausalLM(target.model), config, drafter=CausalLM(drafter.model))
         if not layout:
             decoder.method.layout = None
         results.append(decoder.generate(prompt))
-    laid, grown = results
-    assert laid.output_ids == reference_greedy(target, prompt, 24) == grown.output_ids
+    return results[0], results[1]
+
+
+@pytest.mark.parametrize("name", ["dense", "chain", "graft"])
+def test_layout_decoding_is_lossless_and_decodes_as_the_grown_trees(tiny_self_pair, name):
+    prompt = random_prompt(11)
+    config = DecodeConfig(method=name, tree=TreeConfig(budget=12, depth=4, top_k=3), max_new_tokens=24)
+    laid, grown = decode_both(tiny_self_pair, config, prompt)
+    assert laid.output_ids == reference_greedy(tiny_self_pair[1], prompt, 24) == grown.output_ids
     assert [s.accepted_length for s in laid.steps] == [s.accepted_length for s in grown.steps]
     assert [s.drafter_calls for s in laid.steps] == [s.drafter_calls for s in grown.steps]  # graft: the same stages fire
     # a step accepts two drafted nodes or more: the drafter's masks and positions below the root's children are right
@@ -80,16 +85,9 @@ def test_layout_decoding_is_lossless_and_decodes_as_the_grown_trees(tiny_self_pa
 
 def test_graft_fires_on_the_layout_as_on_the_grown_tree(tiny_pair):
     """An unrelated drafter is never confident: graft's first checkpoint fires on (nearly) every step."""
-    drafter, target = tiny_pair
     prompt = torch.cat([random_prompt(5, length=12)] * 2)
     config = DecodeConfig(method="graft", tree=TreeConfig(budget=12, depth=4, top_k=3), max_new_tokens=20)
-    results = []
-    for layout in (True, False):
-        decoder = SpeculativeDecoder(CausalLM(target.model), config, drafter=CausalLM(drafter.model))
-        if not layout:
-            decoder.method.layout = None
-        results.append(decoder.generate(prompt))
-    laid, grown = results
-    assert laid.output_ids == grown.output_ids == reference_greedy(target, prompt, 20)
+    laid, grown = decode_both(tiny_pair, config, prompt)
+    assert laid.output_ids == grown.output_ids == reference_greedy(tiny_pair[1], prompt, 20)
     assert [s.drafter_calls for s in laid.steps] == [s.drafter_calls for s in grown.steps]
     assert any("adjacency" in s.drafter_calls for s in laid.steps)
