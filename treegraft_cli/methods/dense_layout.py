@@ -1,19 +1,20 @@
-"""EAGLE-2's dense tree drafted on its fixed layout: how ``dense`` drafts with a small-LM drafter.
+"""EAGLE-2's dense tree drafted on its fixed layout: how ``dense``, ``chain`` (the tree one node wide) and ``graft``
+draft with a small-LM drafter.
 
 Words as in ``tree.py``. A *layer* gives each node of the *frontier* the drafter's top-K children; the K new
 nodes of best cumulative score are the next frontier, which the next layer forwards. The *pool* is every node
-the D layers add, in the order ``DenseMethod.grow`` writes them into a ``DraftTree``: the root's K children,
-then layer by layer the K children of each frontier node, frontier in order. The layout is fixed by (D, K):
-the block of the pool each layer fills, every pool node's depth, and the drafter cache rows each forward adds
-(layer l's frontier takes rows l−1 · K .. l · K − 1 after the committed ones). Only which frontier node a child
-hangs under depends on the logits.
+the D layers add, in the order the generic builder (``DenseMethod.layers`` on a ``DraftTree``) writes them:
+the root's K children, then layer by layer the K children of each frontier node, frontier in order. The layout
+is fixed by (D, K): the block of the pool each layer fills, every pool node's depth, and the drafter cache rows
+each forward adds (layer l's frontier takes rows (l − 1) · K .. l · K − 1 after the committed ones). Only which
+frontier node a child hangs under depends on the logits.
 
 So no layer writes a tree. A layer keeps its children's tokens and scores and the K it picked, plus the
 frontier's *lineage*: which of this step's drafter cache rows each frontier node sees (its ancestors' and its
 own), the tree part of the drafter's attention mask, one gather per layer instead of a tree-wide ancestor mask.
-The top-N tree is assembled once, at the end. It is the tree ``grow`` followed by ``DraftTree.top_by_score``
-gives, node for node and bit for bit (the same top-k and sort calls pick the same nodes;
-tests/test_dense_layout.py), at about half the tensor calls per step.
+The top-N tree is assembled once, at the end. It is the tree the generic builder followed by
+``DraftTree.top_by_score`` gives, node for node and bit for bit (the same top-k and sort calls pick the same
+nodes; tests/test_dense_layout.py), with about half the tensor calls of drafting it.
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ class DenseDraft:
         return self.scores[-1].max()
 
     def top_by_score(self, budget: int, capacity: int = 0) -> DraftTree:
-        """``DraftTree.top_by_score`` of the pool so far: its columns in ``grow``'s node order, cut to the
+        """``DraftTree.top_by_score`` of the pool so far: its columns in the generic builder's node order, cut to the
         ``budget`` best nodes. ``capacity``: room for that many nodes (root included), for a caller that appends
         (``graft``); else exactly the nodes."""
         layout, n, forwarded_layers = self.layout, 1 + self.size, len(self.frontiers)
