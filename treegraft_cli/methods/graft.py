@@ -38,8 +38,7 @@ from ..syncs import host_value, read
 from ..tree import DraftTree, RootTrees
 from ..verify import Verdict
 from .base import Method, Models, Observation, Prefill, register
-from .dense_layout import DenseDraft
-from .model_drafting import DenseMethod, GrownDraft
+from .model_drafting import DenseMethod, PoolDraft
 
 
 def _check(condition: bool, message: str, hint: str) -> None:
@@ -195,7 +194,7 @@ class GraftMethod(DenseMethod):
                 return grafted
         return drafted.top_by_score(self.config.tree.budget)
 
-    def checkpoint(self, drafted: DenseDraft | GrownDraft, layer: int) -> DraftTree | None:
+    def checkpoint(self, drafted: PoolDraft, layer: int) -> DraftTree | None:
         """The grafted tree when a checkpoint on ``layer`` fires (``self.fired`` set), else None.
 
         ``drafted``: the pool drafted up to ``layer``; its ``best_score`` is log c_d, the best score the layer
@@ -227,7 +226,7 @@ class GraftMethod(DenseMethod):
             return self.table.finish(pending, int(count))
         return self.graft(drafted, self.stages[self.fired])
 
-    def graft(self, drafted: DenseDraft | GrownDraft, stage: Stage) -> DraftTree:
+    def graft(self, drafted: PoolDraft, stage: Stage) -> DraftTree:
         """The stage's ``K_draft`` best nodes of the pool drafted up to the stage's layer, the freed slots grafted
         from the table."""
         kept = drafted.top_by_score(stage.draft_nodes, capacity=self.config.tree.budget + 1)
@@ -243,7 +242,7 @@ class GraftMethod(DenseMethod):
         stages = [i for i, stage in enumerate(self.stages) if stage.layer == layer]
         return self.first_below(stages, read(self.confidence(tree, layer))) if stages else None
 
-    def changes_nothing(self, stage: Stage, drafted: DenseDraft | GrownDraft) -> bool:
+    def changes_nothing(self, stage: Stage, drafted: PoolDraft) -> bool:
         """Firing ``stage`` now gives the tree that not firing gives: it never fires (τ_d = 0), or it is on the
         last layer and keeps the whole budget of a pool at least that large."""
         if stage.log_threshold == -math.inf:

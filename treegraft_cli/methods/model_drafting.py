@@ -89,6 +89,9 @@ class GrownDraft:
         return self.tree.top_by_score(budget)
 
 
+PoolDraft = DenseDraft | GrownDraft  # the pool after a layer, on the layout or as a grown tree
+
+
 @register
 class ChainMethod(ModelDraftingMethod):
     """Classic speculative decoding: the drafter's greedy chain of ``tree.depth`` tokens."""
@@ -134,7 +137,7 @@ class DenseMethod(ModelDraftingMethod):
         *_, drafted = self.layers(committed)  # every layer: the pool after the last
         return drafted.top_by_score(self.config.tree.budget)
 
-    def layers(self, committed: torch.Tensor) -> Iterator[DenseDraft | GrownDraft]:  # committed: [L], root last
+    def layers(self, committed: torch.Tensor) -> Iterator[PoolDraft]:  # committed: [L], root last
         """The candidate pool after each of the D layers: K children of the root, then K children of each of the
         K best new nodes per layer. A caller that stops early spares the forwards of the layers after."""
         if self.layout is not None:
