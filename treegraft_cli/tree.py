@@ -510,10 +510,7 @@ class DraftTree:
             buffers.update((name, self._buffers[name].index_select(0, kept)) for name in ("scores", "origins"))
         else:
             buffers = {name: getattr(self, name).index_select(0, kept) for name in COLUMNS}
-        parents = buffers["parents"]
-        # a kept parent's new index is its position in ``kept`` (ascending), the root's -1 stays -1 (nothing in
-        # ``kept`` is below it); in place: it may be a row of ``longs``
-        torch.sub(torch.searchsorted(kept, parents, right=True), 1, out=parents)
+        reindex_parents(kept, buffers["parents"])  # in place: it may be a row of ``longs``
         tree = DraftTree.__new__(DraftTree)
         tree._adopt(buffers, self.ancestor_mask().index_select(0, kept).index_select(1, kept), k, self.host, longs)
         return tree
@@ -526,9 +523,7 @@ class DraftTree:
         """
         if self.size <= budget:
             return self
-        order = torch.sort(self.scores[1:], descending=True, stable=True).indices + 1
-        kept = torch.sort(order[:budget]).values
-        return self.select(torch.nn.functional.pad(kept, (1, 0)))  # the root (0) first
+        return self.select(best_by_score(self.scores, budget))
 
     def close_over_ancestors(self, keep: torch.Tensor, limit: int | None = None) -> torch.Tensor:
         """Add every ancestor of a kept node; with ``limit``, the result must fit it (checked: one read)."""
@@ -562,6 +557,19 @@ class DraftTree:
         keys = _keys(self.parents, self.tokens)
         if torch.unique(keys).numel() != n:
             raise AssertionError("siblings must have distinct tokens")
+
+
+def best_by_score(scores: torch.Tensor, budget: int) -> torch.Tensor:  # scores: [n] root first -> [1 + budget]
+    """The root and the ``budget`` best other nodes by score, ascending: ``top_by_score``'s choice (a stable sort
+    keeps a parent, the lower index, ahead of an equal-scored child, so the choice is prefix-closed)."""
+    order = torch.sort(scores[1:], descending=True, stable=True).indices + 1
+    return torch.nn.functional.pad(torch.sort(order[:budget]).values, (1, 0))
+
+
+def reindex_parents(kept: torch.Tensor, parents: torch.Tensor) -> None:  # kept: [k] ascending, parents: [k]
+    """In place: each kept node's parent index becomes the parent's position in ``kept``; the root's -1 stays -1
+    (nothing in ``kept`` is below it)."""
+    torch.sub(torch.searchsorted(kept, parents, right=True), 1, out=parents)
 
 
 def _fresh(device: torch.device, capacity: int) -> tuple[torch.Tensor, ...]:

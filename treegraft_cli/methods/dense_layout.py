@@ -26,7 +26,7 @@ import torch
 from ..drafters.logp_rows import log_softmax_float32
 from ..drafters.model import ModelDrafter
 from ..lm import on_device_of
-from ..tree import ORIGIN_MODEL, ORIGIN_ROOT, DraftTree
+from ..tree import ORIGIN_MODEL, ORIGIN_ROOT, DraftTree, best_by_score, reindex_parents
 
 
 class DenseLayout:
@@ -159,11 +159,9 @@ class DenseDraft:
         columns = torch.stack([tokens, parents, depths, slots])  # [4, 1 + P], DraftTree's int64 block
         if self.size <= budget:
             return layout.tree(columns, scores, _prefix(layout.origins, n).clone(), len(self.tokens), capacity)
-        order = torch.sort(scores[1:], descending=True, stable=True).indices + 1
-        kept = torch.nn.functional.pad(torch.sort(order[:budget]).values, (1, 0))  # [1 + N] the root first
+        kept = best_by_score(scores, budget)  # [1 + N] the root first
         columns = columns.index_select(1, kept)
-        # a kept parent's new index is its position in ``kept``; the root's −1 stays −1
-        torch.sub(torch.searchsorted(kept, columns[1], right=True), 1, out=columns[1])
+        reindex_parents(kept, columns[1])
         origins = layout.origins.index_select(0, kept)
         return layout.tree(columns, scores.index_select(0, kept), origins, len(self.tokens), capacity)
 
