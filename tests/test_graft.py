@@ -306,3 +306,29 @@ def test_steps_record_which_drafter_proposed_each_verified_and_accepted_node(tin
         assert len(step.accepted_nodes) == step.accepted_length - 1
         assert [step.node_depths[i] for i in step.accepted_nodes] == list(range(1, step.accepted_length))
     assert any(ORIGIN_ADJACENCY in step.node_origins for step in result.steps)
+
+
+@pytest.mark.parametrize("graft_nodes", [0, 3])
+def test_a_stage_grafts_at_most_its_graft_nodes(tiny_self_pair, graft_nodes):
+    """Checkpoint 0 always fires keeping 2 draft nodes; ``graft_nodes`` caps the retrieved nodes of its graft,
+    so the tree holds fewer than N nodes, and the output is still the target's greedy one."""
+    prompt, tree = random_prompt(seed=5), TreeConfig(budget=16, depth=4, top_k=4)
+    expected = reference_greedy(tiny_self_pair[1], prompt, 24)
+    options = {"thresholds": [1.0, 0, 0], "draft_nodes": [2, 8, 16], "graft_nodes": [graft_nodes, 16, 16]}
+    result = speculative(tiny_self_pair, DecodeConfig(method="graft", tree=tree, max_new_tokens=24,
+                                                      method_options=options), prompt)
+    assert result.output_ids == expected
+    retrieved = [step.node_origins.count(ORIGIN_ADJACENCY) for step in result.steps]
+    assert max(retrieved) == graft_nodes  # the cap is reached (rows for 3 successors exist after the prefill)
+    assert all(step.nodes_verified <= 2 + graft_nodes for step in result.steps)
+
+
+def test_graft_nodes_are_validated():
+    from treegraft_cli.config import from_mapping
+    from treegraft_cli.methods.graft import GraftConfig
+
+    assert from_mapping(GraftConfig, {"graft_nodes": [0, 4, 16]}).graft_nodes == (0, 4, 16)
+    for bad in ({"graft_nodes": [4]}, {"graft_nodes": [-1, 0, 0]},
+                {"graft_nodes": [1, 1, 1], "templates": [[1], [1], [1]]}):
+        with pytest.raises(ConfigError):
+            from_mapping(GraftConfig, bad)

@@ -16,7 +16,11 @@ last drafted layer (``--depth`` D layers) is checked on the last layer, so the p
 with any D. ``K_draft`` above N is read as N.
 
 Stage templates: ``templates[i]`` (per-depth counts) if given, else ``base_template`` scaled to
-``N - K_draft_i`` slots (see ``drafters/rank_template.py``). Stage statistics go to ``drafter_calls()``:
+``N - K_draft_i`` slots (see ``drafters/rank_template.py``), or to ``graft_nodes[i]`` when that is fewer. The
+paper fills every freed slot: on a GPU a verification costs about the same for any tree up to the budget. Where
+each verified node costs time (a CPU: tens of milliseconds per node next to a few hundred for the root),
+``graft_nodes`` lets a stage graft only as many retrieved nodes as pay for their verification; the tree then
+holds fewer than N nodes. Stage statistics go to ``drafter_calls()``:
 ``{"model": forwards, "adjacency": 1, "graft_stage_<i>": 1}`` where ``i`` indexes ``checkpoints``.
 
 The adjacency table is kept across requests (one method object per decoder); its rows are refreshed
@@ -73,6 +77,8 @@ class GraftConfig:
     checkpoints: tuple[int, ...] = (0, 1, 5)  # 0-based drafting layers
     thresholds: tuple[float, ...] = (0.35, 0.2, 0.05)  # τ_d: fire when c_d < τ_d
     draft_nodes: tuple[int, ...] = (8, 24, 40)  # K_draft kept when the stage fires
+    # the most retrieved nodes a firing stage grafts; empty: every freed slot (N - K_draft), as the paper
+    graft_nodes: tuple[int, ...] = ()
     templates: tuple[tuple[int, ...], ...] = ()  # per-stage nodes per depth; empty: scaled base_template
     base_template: tuple[int, ...] = BASE_TEMPLATE
     table_k: int = 8
@@ -90,6 +96,10 @@ class GraftConfig:
         _check(all(k >= 0 for k in self.draft_nodes), f"draft_nodes {self.draft_nodes} < 0", "e.g. [8,24,40]")
         _check(len(self.templates) in (0, n), f"{len(self.templates)} templates for {n} checkpoints",
                "give one template per checkpoint or none")
+        _check(len(self.graft_nodes) in (0, n) and all(g >= 0 for g in self.graft_nodes),
+               f"graft_nodes {self.graft_nodes} for {n} checkpoints", "give one count >= 0 per checkpoint or none")
+        _check(not (self.graft_nodes and self.templates), "graft_nodes and templates both given",
+               "a template fixes each stage's retrieved nodes: give one of them")
         for template in self.templates:
             _check_counts(template, "template")
         _check(len(self.base_template) > 0, "base_template is empty", "give nodes per depth")
@@ -141,7 +151,12 @@ class Stage:
     layer: int  # drafting layer it is checked after
     log_threshold: float  # log τ_d: fire when the best score at that layer is below it
     draft_nodes: int  # K_draft, at most N
+    graft_nodes: int  # the most retrieved nodes its graft adds (N: every freed slot)
     template: RankTemplate
+
+    def slots(self, kept: DraftTree, budget: int) -> int:
+        """Retrieved nodes a graft onto ``kept`` may add: the freed slots, at most ``graft_nodes``."""
+        return min(budget - kept.size, self.graft_nodes)
 
 
 @register
@@ -165,13 +180,15 @@ class GraftMethod(DenseMethod):
         stages = []
         for i, checkpoint in enumerate(options.checkpoints):
             kept = min(options.draft_nodes[i], budget)
+            graft_nodes = options.graft_nodes[i] if options.graft_nodes else budget
             counts = options.templates[i] if options.templates else scale_counts(
-                options.base_template, budget - kept, options.table_k
+                options.base_template, min(budget - kept, graft_nodes), options.table_k
             )
             stages.append(Stage(
                 layer=min(checkpoint, last_layer),
                 log_threshold=math.log(options.thresholds[i]) if options.thresholds[i] > 0 else -math.inf,
                 draft_nodes=kept,
+                graft_nodes=graft_nodes,
                 template=build_template(counts, budget, options.table_k, device),
             ))
         return tuple(stages)
@@ -214,7 +231,8 @@ class GraftMethod(DenseMethod):
         guess = next((i for i in stages if self.stages[i].log_threshold > -math.inf), stages[0])
         # room for the whole budget: the graft appends to the kept nodes
         kept = drafted.top_by_score(self.stages[guess].draft_nodes, capacity=self.config.tree.budget + 1)
-        pending = self.table.prepare(kept, self.stages[guess].template, self.config.tree.budget - kept.size, layer + 1)
+        stage = self.stages[guess]
+        pending = self.table.prepare(kept, stage.template, stage.slots(kept, self.config.tree.budget), layer + 1)
         if pending is None:
             log_confidence = read(best)
         else:
@@ -230,7 +248,7 @@ class GraftMethod(DenseMethod):
         """The stage's ``K_draft`` best nodes of the pool drafted up to the stage's layer, the freed slots grafted
         from the table."""
         kept = drafted.top_by_score(stage.draft_nodes, capacity=self.config.tree.budget + 1)
-        return self.table.graft(kept, stage.template, self.config.tree.budget - kept.size, stage.layer + 1)
+        return self.table.graft(kept, stage.template, stage.slots(kept, self.config.tree.budget), stage.layer + 1)
 
     @staticmethod
     def confidence(tree: DraftTree, layer: int) -> torch.Tensor:  # -> [] float32, on the device
