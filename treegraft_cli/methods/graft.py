@@ -229,9 +229,9 @@ class GraftMethod(DenseMethod):
             self.deferred = (stages, best)
             return None
         guess = next((i for i in stages if self.stages[i].log_threshold > -math.inf), stages[0])
-        # room for the whole budget: the graft appends to the kept nodes
-        kept = drafted.top_by_score(self.stages[guess].draft_nodes, capacity=self.config.tree.budget + 1)
         stage = self.stages[guess]
+        # room for the whole budget: the graft appends to the kept nodes
+        kept = drafted.top_by_score(stage.draft_nodes, capacity=self.config.tree.budget + 1)
         pending = self.table.prepare(kept, stage.template, stage.slots(kept, self.config.tree.budget), layer + 1)
         if pending is None:
             log_confidence = read(best)
