@@ -30,7 +30,6 @@ from treegraft_cli.scheduling.policies import (
     FEATURE_SETS,
     HISTORY_FEATURE_NAMES,
     CostModel,
-    MarginPolicy,
     SchedulerState,
     features,
 )
@@ -38,7 +37,7 @@ from treegraft_cli.scheduling.registry import LEARNED, make_policy
 from treegraft_cli.scheduling.replay import price
 from treegraft_cli.scheduling.rollouts import CollectSettings, probing_decoder
 from treegraft_cli.scheduling.shards import read_rollouts
-from treegraft_cli.scheduling.step_rule import LearnedStepRule
+from treegraft_cli.scheduling.step_rule import LearnedLayerRule, LearnedStepRule
 from treegraft_cli.scheduling.values import CATCH_UP_HORIZON, MAX_LAG
 from treegraft_cli.tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree
 
@@ -199,7 +198,7 @@ def test_distill_artifact_loads_and_decides(rollouts, cost_file, tmp_path, tiny_
     config = DecodeConfig(method="treegraft", tree=TreeConfig(budget=12, depth=3, top_k=3), max_new_tokens=12,
                           method_options={"scheduler": str(artifact), "verify_ms": 5.0, "strong_ms": 1.0})
     decoder = pipeline.decoder(config)
-    assert isinstance(decoder.method.policy, MarginPolicy)
+    assert isinstance(decoder.method.policy, LearnedLayerRule)
     prompt = pipeline.encode_chat([{"role": "user", "content": "one two one two"}])
     assert decoder.generate(prompt).output_ids == reference_greedy(target, prompt, 12)
     replayed = invoke(["replay", "--rollouts", str(out), "--cost", str(cost_file[0]), "--scheduler", str(artifact)])
@@ -315,7 +314,7 @@ def test_an_artifact_for_another_pair_or_feature_set_is_refused(tmp_path, tiny_s
     # the same artifact for its own pair decides (no check when the pair is not known)
     document["cost_profile"]["pair"] = PAIR
     (tmp_path / "scheduler.json").write_text(json.dumps(document))
-    assert isinstance(Pipeline(target=target, drafter=drafter, pair=PAIR).decoder(config).method.policy, MarginPolicy)
+    assert isinstance(Pipeline(target=target, drafter=drafter, pair=PAIR).decoder(config).method.policy, LearnedLayerRule)
     document["feature_names"] = [*FEATURE_NAMES[:-1], "something_else"]
     (tmp_path / "scheduler.json").write_text(json.dumps(document))
     with pytest.raises(ConfigError, match="other features"):
@@ -436,6 +435,32 @@ def test_per_step_rollouts_distill_into_a_learned_step_rule(cost_file, tmp_path,
     assert names == ["always-weak", "always-full", "always-short", "oracle", "collected", "learned"] or \
         sorted(names) == sorted(["always-weak", "always-full", "always-short", "oracle", "collected", "learned"])
     assert all(math.isfinite(r["speedup"]) and r["speedup"] > 0 for r in replayed["results"])
+
+
+def test_learned_layer_rule_decides_each_layer_and_measures_the_step_it_made():
+    """Each layer calls iff its predicted margin clears ``min_margin``; the step's kind is the layers it called, whose
+    time the rule measures, and only the step's first call is a catch-up."""
+    tree = DraftTree.from_root(0)
+
+    def state(layer: int, called: tuple[int, ...], lag: int = 0) -> SchedulerState:
+        return SchedulerState(tree=tree, frontier=torch.zeros(1, dtype=torch.long), candidates=torch.tensor([True]),
+                              layer=layer, num_layers=4, called=called, prompt_length=10,
+                              costs=CostModel(40.0, 10.0), width=2, budget=8, strong_lag=lag)
+
+    ticks = iter(range(100))
+    # feature 4 is the layer fraction: layers 2 and 3 of 4 (0.4, 0.6) clear a margin of 0.3, layer 1 (0.2) does not
+    rule = LearnedLayerRule(5, 0.8, lambda f: float(f[4]), min_margin=0.3)
+    rule.clock = lambda: float(next(ticks))  # a second per step
+    assert [rule.decide(state(1, ())), rule.decide(state(2, ())), rule.decide(state(3, (2,)))] == [False, True, True]
+    assert rule.choice.layers == (2, 3) and not rule.weak_step and not rule.catching_up
+    rule.observe(tree, torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long))
+    assert rule.kinds["2,3"].tau == 3.0 and rule.kinds["2,3"].weight == 1.0 and rule.rate > 0
+    # a step that calls nowhere is weak (the trim weighs it at ρ); a first call past MAX_LAG is a catch-up
+    assert not rule.decide(state(1, ())) and rule.weak_step
+    lagging = LearnedLayerRule(5, 0.8, lambda f: 1.0)
+    assert lagging.decide(state(1, (), lag=MAX_LAG + 1)) and lagging.catching_up and lagging.choice.layers == (1,)
+    assert lagging.decide(state(2, (1,), lag=MAX_LAG + 1)) and lagging.choice.layers == (1, 2)
+    assert lagging.planned_calls(4) == 0  # no device run: every layer asks the scheduler
 
 
 def test_learned_step_rule_takes_the_kind_of_largest_positive_margin():

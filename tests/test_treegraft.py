@@ -24,13 +24,12 @@ from treegraft_cli.scheduling.policies import (
     CostAwareRule,
     CostModel,
     FixedLayers,
-    MarginPolicy,
     SchedulerState,
     WeakPreview,
     features,
 )
 from treegraft_cli.scheduling.registry import make_policy
-from treegraft_cli.scheduling.step_rule import StepRule, WeakOutcomes, chain_match, verified_outcome
+from treegraft_cli.scheduling.step_rule import LearnedLayerRule, StepRule, WeakOutcomes, chain_match, verified_outcome
 from treegraft_cli.tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree
 
 SMALL_TREE = TreeConfig(budget=20, depth=4, top_k=4)
@@ -272,8 +271,9 @@ def test_policies_respect_the_call_budget():
     state = hand_state(called=(1, 2))
     assert AllMid(call_budget=3).decide(state) and not AllMid(call_budget=2).decide(state)
     assert FixedLayers(5, (3,)).decide(state) and not FixedLayers(5, (1, 2)).decide(state)
-    assert MarginPolicy(5, lambda f: float(f[4]) - 0.5).decide(state)  # layer fraction 0.6 > 0.5
-    assert not MarginPolicy(5, lambda f: -1.0).decide(state)
+    assert LearnedLayerRule(5, 0.8, lambda f: float(f[4]) - 0.5).decide(state)  # layer fraction 0.6 > 0.5
+    assert not LearnedLayerRule(5, 0.8, lambda f: -1.0).decide(state)
+    assert not LearnedLayerRule(2, 0.8, lambda f: 1.0).decide(state)  # two calls made: the budget is spent
 
 
 def test_cost_aware_rule_weighs_gain_against_cost():

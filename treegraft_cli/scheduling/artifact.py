@@ -5,7 +5,8 @@ The artifact is one JSON file (no pickle: loading runs no code)::
     kind: treegraft-scheduler, version: 1
     feature_names: the inputs in order, one of ``scheduling.policies.FEATURE_SETS`` (checked on load): the
         paper's 17, or those, the 6 history features and the strong drafter's lag (``extended``); a per-step scheduler adds the kind it prices
-    decides: layer (call or skip at each layer) or step (the step's kind, at layer 1; ``LearnedStepRule``)
+    decides: layer (call or skip at each layer; ``LearnedLayerRule``) or step (the step's kind, at layer 1;
+        ``LearnedStepRule``)
     full_layers: the layers a full strong step called at in the per-step rollouts
     feature_mean, feature_scale: z = clip((x − mean) · scale, ±5); scale = 1/std, 0 for a feature that was
         constant in the rollouts (e.g. the cost features of a single-profile collection) — it carried no
@@ -16,8 +17,8 @@ The artifact is one JSON file (no pickle: loading runs no code)::
     cost_profile: {identity, device, dtype, pair} the rollouts' labels were modelled under
     report: the held-out metrics of ``treegraft distill``
 
-``treegraft`` loads it with ``-o scheduler=FILE`` (or ``policy=learned:FILE``); ``MarginPolicy`` calls
-iff the de-standardised margin is positive.
+``treegraft`` loads it with ``-o scheduler=FILE`` (or ``policy=learned:FILE``) and calls where the de-standardised
+margin exceeds ``min_margin`` (default 0), measuring and trimming as the step rule does.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ import torch
 from ..atomic import atomic_write_text
 from ..errors import ConfigError
 from .options import TreeGraftConfig
-from .policies import FEATURE_NAMES, FEATURE_SETS, STEP_KIND_FEATURE_NAMES, CallPolicy, MarginPolicy, kind_one_hot
-from .step_rule import LearnedStepRule
+from .policies import FEATURE_NAMES, FEATURE_SETS, STEP_KIND_FEATURE_NAMES, CallPolicy, kind_one_hot
+from .step_rule import LearnedLayerRule, LearnedStepRule
 
 KIND = "treegraft-scheduler"
 HIDDEN = (64, 32)
@@ -84,7 +85,7 @@ class DistilledScheduler:
     cost_profile: Mapping[str, Any] = field(default_factory=dict)
     report: Mapping[str, Any] = field(default_factory=dict)
     feature_set: str = "paper"  # a key of FEATURE_SETS: the inputs the MLP reads, in that order
-    decides: str = "layer"  # per "layer" (call or skip, MarginPolicy) or per "step" (the kind, LearnedStepRule)
+    decides: str = "layer"  # per "layer" (call or skip, LearnedLayerRule) or per "step" (the kind, LearnedStepRule)
     full_layers: tuple[int, ...] = ()  # a full strong step's layers in the per-step rollouts (() = 1..D−1)
 
     @property
@@ -108,12 +109,9 @@ class DistilledScheduler:
 
     def policy(self, options: TreeGraftConfig, source: str = "the scheduler") -> CallPolicy:
         """The call policy that decides with this scheduler under the method's ``options``."""
-        if self.decides == "step":
-            return LearnedStepRule(options.call_budget, options.hit_rate, self.margin, self.feature_set,
-                                   options.layers or self.full_layers, options.trim, self.cost_profile, source,
-                                   options.min_margin)
-        return MarginPolicy(options.call_budget, self.margin, self.cost_profile, source, self.feature_set,
-                            options.min_margin)
+        rule = LearnedStepRule if self.decides == "step" else LearnedLayerRule
+        return rule(options.call_budget, options.hit_rate, self.margin, self.feature_set, options.layers or self.full_layers,
+                    options.trim, self.cost_profile, source, options.min_margin)
 
     def document(self) -> dict[str, Any]:
         linear = [m for m in self.mlp if isinstance(m, torch.nn.Linear)]

@@ -4,7 +4,7 @@ and the rules.
 Per tree layer a ``CallPolicy`` looks at a ``SchedulerState`` and says call (strong drafter) or skip
 (weak n-gram expansion). ``decide`` enforces the per-step call budget for every policy; subclasses
 only say whether they *want* the call. A learned scheduler (an MLP over ``feature_vector(state)``) plugs in
-as ``MarginPolicy(margin_fn)`` per layer, or as ``step_rule.LearnedStepRule`` per step. ``registry`` names them.
+as ``step_rule.LearnedLayerRule`` per layer or ``step_rule.LearnedStepRule`` per step. ``registry`` names them.
 """
 
 from __future__ import annotations
@@ -331,29 +331,6 @@ class FixedLayers(CallPolicy):
 
     def drafts_weak(self, num_layers: int) -> bool:
         return self.planned_calls(num_layers) < num_layers  # the layers it calls whatever the tree holds
-
-
-class MarginPolicy(CallPolicy):
-    """Call iff ``margin_fn(features(state)) > min_margin`` (tokens): the hook for a distilled scheduler."""
-
-    name = "margin"
-    uses_costs = True  # a distilled scheduler sees them as features
-
-    def __init__(self, call_budget: int, margin_fn: Callable[[torch.Tensor], float],
-                 distilled_for: Mapping[str, Any] | None = None, source: str = "the scheduler", feature_set: str = "paper",
-                 min_margin: float = 0.0):
-        super().__init__(call_budget)
-        self.margin_fn = margin_fn
-        self.min_margin = min_margin
-        self.distilled_for = dict(distilled_for or {})  # the artifact's cost profile: identity, device, dtype, pair
-        self.source = source
-        self.feature_set = feature_set  # a key of FEATURE_SETS
-
-    def wants_call(self, state: SchedulerState) -> bool:
-        return float(self.margin_fn(feature_vector(state, self.feature_set))) > self.min_margin
-
-    def check_pair(self, pair: str) -> None:
-        check_distilled_pair(self.distilled_for, self.source, pair)
 
 
 class CostAwareRule(CallPolicy):

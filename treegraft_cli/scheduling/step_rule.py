@@ -407,15 +407,11 @@ class StepRule(CallPolicy):
         return verified_outcome(parents, tokens, depths, reach, kept, host_value(committed))
 
 
-class LearnedStepRule(StepRule):
-    """The step rule with a distilled scheduler choosing each step's kind (``treegraft distill`` of per-step
-    rollouts, ``collect --decide step``): the kind whose predicted margin over a weak step is largest, a weak
-    step when no margin exceeds ``min_margin`` tokens. Measuring, trimming and catching up stay the rule's.
-
-    ``margin_fn`` maps ``[features, kind one-hot]`` (``STEP_KIND_NAMES`` order) to V_kind − V_weak.
-    """
-
-    name = "learned-step"
+class DistilledRule(StepRule):
+    """The step rule with a distilled scheduler deciding where the strong drafter is called; measuring (R, each
+    kind's τ and time, ρ), trimming and the catch-up accounting stay the rule's, so a learned scheduler verifies the
+    trees the rule would. ``margin_fn`` maps the scheduler's inputs to its predicted margin in tokens; it calls only
+    where that exceeds ``min_margin``."""
 
     def __init__(self, call_budget: int, hit_rate: float, margin_fn: Callable[[torch.Tensor], float],
                  feature_set: str = "paper", layers: tuple[int, ...] = (), trim: bool = True,
@@ -425,8 +421,22 @@ class LearnedStepRule(StepRule):
         self.min_margin = min_margin
         self.margin_fn = margin_fn
         self.feature_set = feature_set
-        self.distilled_for = dict(distilled_for or {})
+        self.distilled_for = dict(distilled_for or {})  # the artifact's cost profile: identity, device, dtype, pair
         self.source = source
+
+    def check_pair(self, pair: str) -> None:
+        check_distilled_pair(self.distilled_for, self.source, pair)
+
+
+class LearnedStepRule(DistilledRule):
+    """A per-step scheduler (``treegraft distill`` of per-step rollouts, ``collect --decide step``) chooses each
+    step's kind: the one whose predicted margin over a weak step is largest, a weak step when no margin exceeds
+    ``min_margin`` tokens.
+
+    ``margin_fn`` maps ``[features, kind one-hot]`` (``STEP_KIND_NAMES`` order) to V_kind − V_weak.
+    """
+
+    name = "learned-step"
 
     def choose(self, state: SchedulerState) -> StepKind:
         kinds = self.step_kinds(state.num_layers)
@@ -441,5 +451,37 @@ class LearnedStepRule(StepRule):
                     best, best_margin = kinds[name], margin
         return best
 
-    def check_pair(self, pair: str) -> None:
-        check_distilled_pair(self.distilled_for, self.source, pair)
+
+class LearnedLayerRule(DistilledRule):
+    """A per-layer scheduler (``collect --decide layer``, the paper's granularity) decides at every layer: call iff
+    the predicted margin of calling over skipping (``margin_fn`` of the layer's features) exceeds ``min_margin``.
+
+    The step's kind is the set of layers it called (a weak one when none), measured like the rule's kinds: its time
+    feeds R, and whether it called decides if the trim weighs the tree at ρ. A step's first call catches up on
+    what the strong drafter lags, as in the rule.
+    """
+
+    name = "learned-layer"
+
+    def wants_call(self, state: SchedulerState) -> bool:
+        if state.layer == 1:
+            self.costs, self.budget = state.costs, state.budget
+            self.preview = state.weak
+            self.estimate, _ = self.weak_estimate(state)
+            self.choice, self.catching_up, self.lag = self.kind(()), False, state.strong_lag
+            self.started = self.clock()
+        if float(self.margin_fn(feature_vector(state, self.feature_set))) <= self.min_margin:
+            return False
+        if not state.called:  # the step's first call: it catches the strong drafter up
+            self.lag = state.strong_lag
+            self.catching_up = state.strong_lag > self.max_lag
+        self.choice = self.kind((*state.called, state.layer))
+        return True
+
+    def planned_calls(self, num_layers: int) -> int:
+        return 0  # every layer reads the state
+
+    def kind(self, layers: tuple[int, ...]) -> StepKind:
+        """The step kind that calls at ``layers``, measured from its first step."""
+        name = ",".join(str(layer) for layer in layers) or "weak"
+        return self.kinds.setdefault(name, StepKind(name, layers))
