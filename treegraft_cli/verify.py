@@ -75,7 +75,7 @@ def accept_choices(
     path = torch.sort(torch.where(accepted, node_ids, n), dim=-1).values
     path = path.masked_fill(path == n, -1)
     num_accepted = accepted.sum(dim=-1) - 1
-    deepest = torch.where(accepted, node_ids, -1).amax(dim=-1, keepdim=True)  # [batch, 1]
+    deepest = path.amax(dim=-1, keepdim=True)  # [batch, 1] the accepted chain's last node
     bonus = torch.gather(choices, 1, deepest).squeeze(1)
     return Verdict(path=path, num_accepted=num_accepted, bonus=bonus)
 
