@@ -107,6 +107,19 @@ class CostModel:
 
     def verify_at(self, nodes: int, budget: int) -> float:
         """Modelled ms to verify a tree of ``nodes`` non-root nodes (at most ``budget`` count)."""
+        if 0 <= nodes and budget > 0:
+            return self.verify_times(budget)[min(nodes, budget)]
+        return self._modelled(nodes, budget)
+
+    def verify_times(self, budget: int) -> tuple[float, ...]:  # [budget + 1]
+        """``verify_at(m, budget)`` for m = 0..budget: the step rule weighs every count at every step, and on a
+        measured curve each lookup would walk the curve again."""
+        tables = self.__dict__.setdefault("_verify_tables", {})  # memo of a frozen value, not part of its identity
+        if budget not in tables:
+            tables[budget] = tuple(self._modelled(m, budget) for m in range(budget + 1))
+        return tables[budget]
+
+    def _modelled(self, nodes: int, budget: int) -> float:
         if self.verify_curve:
             tokens, times = zip(*self.verify_curve, strict=True)
             return interpolate(min(nodes, max(budget, 0)) + 1, tokens, times)
@@ -126,10 +139,11 @@ class CostModel:
         count is weighed, not only the next node against the slope: on a CPU the first node past the root costs
         far more than the ones after it, so a tree can pay as a whole where no single node would. On a line this
         keeps every node whose reach is at least rate × the line's slope. Ties keep the larger tree."""
-        best, best_value, gained = 0, -rate * self.verify_at(0, budget), 0.0
+        times = self.verify_times(budget) if budget > 0 else (self.verify_at(0, budget),)
+        best, best_value, gained = 0, -rate * times[0], 0.0
         for m, value in enumerate(reach[:budget], start=1):
             gained += value
-            worth = gained - rate * self.verify_at(m, budget)
+            worth = gained - rate * times[m]
             if worth >= best_value:
                 best, best_value = m, worth
         return best
