@@ -51,8 +51,8 @@ R is measured, the modelled rate of verifying the root alone (plain decoding's) 
 A strong step whose first call catches the drafter up on more than ``max_lag`` committed tokens (the
 prompt, at a generation's first call) pays a one-off cost: its time is kept out of T and R, and its
 excess over its kind's T, per token caught up, is measured instead. The decision to pay it charges the
-step ``lag · ms_per_token / catch_up_horizon`` (until measured, ms_per_token is a strong call's ms per
-token it forwards): the catch-up is worth it only if about
+step ``lag · ms_per_token / catch_up_horizon`` (until measured, ms_per_token is a strong call's ms times the share of a
+one-token forward that one more token adds, from the target's verify curve): the catch-up is worth it only if about
 ``catch_up_horizon`` strong steps will follow, so a long prompt the n-gram chains copy well keeps the
 strong drafter idle.
 
@@ -302,10 +302,16 @@ class StepRule(CallPolicy):
         return kinds[best]
 
     def catch_up_cost(self, state: SchedulerState) -> float:
-        """Ms per committed token a catch-up call costs: measured, else one strong call's ms per forwarded token."""
-        if self.catch_up_ms_per_token > 0 or state.costs.strong_ms <= 0:
+        """Ms per committed token a catch-up call costs: measured; else a strong call's ms times what one more token
+        adds to a forward, read off the target's verify curve (``CostModel.token_share``); on a flat cost model one
+        strong call's ms per token it forwards. One call's ms spread over its few tokens prices a long catch-up
+        several times over on a CPU (a forward of dozens of tokens is not dozens of small ones), and an overpriced
+        catch-up keeps the strong drafter from ever being tried on a prompt just past ``max_lag``."""
+        costs = state.costs
+        if self.catch_up_ms_per_token > 0 or costs.strong_ms <= 0:
             return self.catch_up_ms_per_token
-        return state.costs.strong_ms / (2 * state.width)
+        share = costs.token_share(state.budget)
+        return costs.strong_ms * share if share > 0 else costs.strong_ms / (2 * state.width)
 
     def weak_ms(self, costs: CostModel, nodes: int, budget: int) -> float:
         """T_weak for a tree of ``nodes``: its modelled verification plus what weak steps took beyond theirs (the
@@ -324,7 +330,7 @@ class StepRule(CallPolicy):
         if state.weak is None:
             return 1.0, 0
         reach = self.calibration.reach_list(state.tree)
-        weak = state.weak.reach(reach, self.calibration.node_rate)
+        weak = state.weak.reach(reach, host_columns(state.tree, "origins")[0], self.calibration.node_rate)
         best = sorted(reach[1:] + list(weak), reverse=True)[: state.budget]
         kept = self.verified(best, state.costs, state.budget, self.weak_outcomes.ratio)
         return 1.0 + sum(best[:kept]), kept
