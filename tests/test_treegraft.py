@@ -17,7 +17,7 @@ from treegraft_cli.grafting.builder import Growth
 from treegraft_cli.grafting.tree_ops import cut_to_budget, graft_window
 from treegraft_cli.lm import CausalLM
 from treegraft_cli.methods import Models, Prefill, create_method
-from treegraft_cli.scheduling.calibration import CHAIN, AcceptanceCalibration
+from treegraft_cli.scheduling.calibration import AcceptanceCalibration
 from treegraft_cli.scheduling.options import TreeGraftConfig
 from treegraft_cli.scheduling.policies import (
     AllMid,
@@ -30,7 +30,7 @@ from treegraft_cli.scheduling.policies import (
 )
 from treegraft_cli.scheduling.registry import make_policy
 from treegraft_cli.scheduling.step_rule import LearnedLayerRule, StepRule, WeakOutcomes, chain_match, verified_outcome
-from treegraft_cli.tree import ORIGIN_MODEL, ORIGIN_NGRAM, ORIGIN_ROOT, DraftTree
+from treegraft_cli.tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree
 
 SMALL_TREE = TreeConfig(budget=20, depth=4, top_k=4)
 POLICIES = ["ngram", "all-small", "all-mid", "fixed:1,3", "treegraft", "treegraft:cost-aware", "treegraft:step:2,3"]
@@ -310,26 +310,6 @@ def test_calibration_maps_scores_to_measured_acceptance():
     strong_rate, ngram_rate = (2 * 0.55 + 2 * 98) / 198, (2 * 0.95) / 100
     reach = calibration.reach(tree)
     assert reach.tolist() == pytest.approx([1.0, strong_rate, ngram_rate, strong_rate**2])
-
-
-def test_calibration_judges_a_chains_later_tokens_apart_from_its_first():
-    """An n-gram node under an n-gram node counts as CHAIN: a copied run accepted whole raises the rate of its later
-    tokens, not of every chain's first; a preview prices its chains' tokens the same way."""
-    tree = DraftTree.from_root(0)  # root → a (n-gram, p 0.35) → b (n-gram, p 0.35) → c (n-gram, p 0.35)
-    for node in range(3):
-        tree.add_children(torch.tensor([node]), torch.tensor([node + 1]), torch.log(torch.tensor([0.35 ** (node + 1)])),
-                          ORIGIN_NGRAM)
-    calibration = AcceptanceCalibration(bins=10, prior_weight=2.0)
-    for _ in range(8):
-        calibration.observe(tree, torch.tensor([1, 2, 3, 9]))  # the run accepted whole, then the bonus
-    assert calibration.seen[ORIGIN_NGRAM][3] == 2 + 8 and calibration.seen[CHAIN][3] == 2 + 2 * 8
-    head, chain = (2 * 0.35 + 8) / 10, (2 * 0.35 + 16) / 18
-    assert calibration.reach_list(tree) == pytest.approx([1.0, head, head * chain, head * chain**2])
-    preview = WeakPreview(torch.tensor([0, 3]), torch.log(torch.full((2, 2), 0.35)))
-    reach = preview.reach([1.0, 0.5, 0.5, 0.5], [ORIGIN_ROOT, ORIGIN_NGRAM, ORIGIN_NGRAM, ORIGIN_NGRAM],
-                          calibration.node_rate)
-    # under the root a chain starts; under the n-gram node c it continues a run
-    assert reach == pytest.approx([head, head * chain, 0.5 * chain, 0.5 * chain**2])
 
 
 def test_calibration_counts_what_the_committed_path_decides():
@@ -615,7 +595,7 @@ def test_chain_tokens_are_scored_where_the_ngram_matched(tiny_self_pair):
     wanted = [logp[2 + j, t] if t in top.indices[2 + j] else top.values[2 + j, -1] - 5.0 for j, t in enumerate((8, 9, 5, 6))]
     assert torch.allclose(proposal.preview.logp[0, :4], torch.stack(wanted), atol=1e-5)
     # with rates equal to the log-probs' own probabilities, reach is the chain's cumulative probability
-    reach = proposal.preview.reach([1.0] * growth.tree.num_nodes, [ORIGIN_ROOT] * growth.tree.num_nodes, lambda kind, local: local)
+    reach = proposal.preview.reach([1.0] * growth.tree.num_nodes, lambda origin, local: local)
     assert torch.allclose(torch.tensor(reach[:4]), torch.stack(wanted).cumsum(0).exp(), atol=1e-5)
     method.loop.weak_layer(growth, 1, proposal)
     assert torch.allclose(growth.tree.scores[1:5], torch.stack(wanted).cumsum(0), atol=1e-5)

@@ -10,12 +10,6 @@ committed tokens, so nodes a trim kept out of verification count too), and maps 
 measured rate. A prior of ``prior_weight`` pseudo-observations at the
 bin's own centre makes an unseen bin read as the score says.
 
-An n-gram node under an n-gram parent (a chain's second token on, ``CHAIN``) is counted apart from the chain's
-first token: once text is being copied, a chain's next token follows its accepted parent almost surely whatever
-the target thought of it where it was read, while whether a copy starts at all is far less certain. Counted
-together, one rate per bin priced every token of a copied run like a run's first, and the trim cut the run
-after a few tokens where verifying it whole would have been accepted whole.
-
 A node's *reach* is the product of the measured rates along its root path: the calibrated probability
 that verification accepts it. The expected accepted length of a tree is 1 + Σ reach.
 
@@ -32,14 +26,7 @@ import torch
 
 from ..hostlists import floats
 from ..syncs import fetch, host_only
-from ..tree import ORIGIN_NAMES, ORIGIN_NGRAM, DraftTree, float32
-
-CHAIN = len(ORIGIN_NAMES)  # the calibration class of an n-gram node under an n-gram parent
-
-
-def calibration_class(origin: int, parent_origin: int) -> int:
-    """The row of counts a node is judged by: its origin's, or ``CHAIN`` for an n-gram node under an n-gram node."""
-    return CHAIN if origin == ORIGIN_NGRAM and parent_origin == ORIGIN_NGRAM else origin
+from ..tree import ORIGIN_NAMES, DraftTree, float32
 
 
 def host_columns(tree: DraftTree, *names: str) -> list[list]:
@@ -56,9 +43,8 @@ class AcceptanceCalibration:
     def __init__(self, bins: int = 10, prior_weight: float = 2.0):
         self.bins = bins
         centres = [(b + 0.5) / bins for b in range(bins)]
-        classes = len(ORIGIN_NAMES) + 1  # every origin, then CHAIN
-        self.seen = [[prior_weight] * bins for _ in range(classes)]  # [classes][bins]
-        self.accepted = [[c * prior_weight for c in centres] for _ in range(classes)]  # [classes][bins]
+        self.seen = [[prior_weight] * bins for _ in ORIGIN_NAMES]  # [origins][bins]
+        self.accepted = [[c * prior_weight for c in centres] for _ in ORIGIN_NAMES]  # [origins][bins]
 
     def observe(self, tree: DraftTree, committed: torch.Tensor) -> None:  # committed: [τ] the step's new tokens
         """Count every node of ``tree`` whose parent lies on the committed path, and whether it does itself.
@@ -77,15 +63,14 @@ class AcceptanceCalibration:
         on_path = committed_path(parents, tokens, depths, path)
         for node in range(1, len(parents)):
             if on_path[parents[node]] and depths[node] <= len(path):
-                kind, column = calibration_class(origins[node], origins[parents[node]]), self._bin(local[node])
-                self.seen[kind][column] += 1.0
-                self.accepted[kind][column] += on_path[node]
+                origin, column = origins[node], self._bin(local[node])
+                self.seen[origin][column] += 1.0
+                self.accepted[origin][column] += on_path[node]
 
-    def node_rate(self, kind: int, local: float) -> float:
-        """Measured P(accepted | parent accepted) of a node of class ``kind`` (``calibration_class``) with local
-        probability ``local`` (float32)."""
+    def node_rate(self, origin: int, local: float) -> float:
+        """Measured P(accepted | parent accepted) of a node of ``origin`` with local probability ``local`` (float32)."""
         cell = self._bin(local)
-        return float32(self.accepted[kind][cell] / self.seen[kind][cell])
+        return float32(self.accepted[origin][cell] / self.seen[origin][cell])
 
     def reach_list(self, tree: DraftTree) -> list[float]:  # [num_nodes], 1 at the root
         """Calibrated probability that verification accepts each node (the product of rates to the root)."""
@@ -93,8 +78,7 @@ class AcceptanceCalibration:
         local = local_probabilities(parents, scores)
         reach = [1.0] * len(parents)
         for node in range(1, len(parents)):  # parents first: the product runs down every path at once
-            parent = parents[node]
-            reach[node] = reach[parent] * self.node_rate(calibration_class(origins[node], origins[parent]), local[node])
+            reach[node] = reach[parents[node]] * self.node_rate(origins[node], local[node])
         return [float32(r) for r in reach]
 
     def reach(self, tree: DraftTree) -> torch.Tensor:  # -> [num_nodes] float32, 1 at the root

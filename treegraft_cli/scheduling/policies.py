@@ -22,7 +22,7 @@ from ..errors import ConfigError
 from ..hostlists import floats
 from ..syncs import host_value
 from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree, float32
-from .calibration import CHAIN, AcceptanceCalibration, calibration_class, host_columns
+from .calibration import AcceptanceCalibration
 
 
 def top_nodes(scores: torch.Tensor, allowed: torch.Tensor, k: int) -> torch.Tensor:
@@ -187,20 +187,17 @@ class WeakPreview:
     def reach(
         self,
         parent_reach: list[float],  # [num_nodes] calibrated reach of the tree's nodes
-        parent_origins: list[int],  # [num_nodes] the tree's origins
-        node_rate: Callable[[int, float], float],  # (calibration class, local probability) -> measured rate
+        node_rate: Callable[[int, float], float],  # (origin, local probability) -> measured rate
     ) -> list[float]:  # -> [chain tokens]
         """Calibrated reach of every chain token (-inf pads skipped): the parent's times the measured n-gram rates
-        along the chain (its first token's class by the node it hangs under, the rest ``CHAIN``), in float32. The
-        preview is on the host (the layer loop's trees are)."""
+        along the chain, in float32. The preview is on the host (the layer loop's trees are)."""
         reach = []
         for parent, row in zip(host_value(self.parents), host_value(self.logp), strict=True):
-            product, kind = parent_reach[parent], calibration_class(ORIGIN_NGRAM, parent_origins[parent])
+            product = parent_reach[parent]
             for logp in row:
                 if math.isfinite(logp):
-                    product *= node_rate(kind, float32(math.exp(logp)))
+                    product *= node_rate(ORIGIN_NGRAM, float32(math.exp(logp)))
                     reach.append(float32(product))
-                    kind = CHAIN
         return reach
 
 
@@ -425,8 +422,7 @@ class CostAwareRule(CallPolicy):
         shares = reach[1:] / reach[parents].clamp(min=1e-12)
         covered = torch.zeros(tree.num_nodes).index_add_(0, parents, shares).clamp(max=1.0)
         virtual = reach[positions] * h * (1.0 - covered[positions])
-        weak = floats(state.weak.reach(reach_list, host_columns(tree, "origins")[0], self.calibration.node_rate)
-                      if state.weak is not None else [])
+        weak = floats(state.weak.reach(reach_list, self.calibration.node_rate) if state.weak is not None else [])
         skip = expected_accepted(torch.cat([reach[1:], weak]), state.budget)
         return skip, expected_accepted(torch.cat([reach[1:], virtual]), state.budget)
 
