@@ -107,9 +107,10 @@ class CostModel:
 
     def verify_at(self, nodes: int, budget: int) -> float:
         """Modelled ms to verify a tree of ``nodes`` non-root nodes (at most ``budget`` count)."""
-        if 0 <= nodes and budget > 0:
-            return self.verify_times(budget)[min(nodes, budget)]
-        return self._modelled(nodes, budget)
+        if nodes < 0:
+            return self._modelled(nodes, budget)
+        budget = max(budget, 0)
+        return self.verify_times(budget)[min(nodes, budget)]
 
     def verify_times(self, budget: int) -> tuple[float, ...]:  # [budget + 1]
         """``verify_at(m, budget)`` for m = 0..budget: the step rule weighs every count at every step, and on a
@@ -147,7 +148,7 @@ class CostModel:
         count is weighed, not only the next node against the slope: on a CPU the first node past the root costs
         far more than the ones after it, so a tree can pay as a whole where no single node would. On a line this
         keeps every node whose reach is at least rate × the line's slope. Ties keep the larger tree."""
-        times = self.verify_times(budget) if budget > 0 else (self.verify_at(0, budget),)
+        times = self.verify_times(max(budget, 0))  # a budget of 0 or less verifies the root alone
         best, best_value, gained = 0, -rate * times[0], 0.0
         for m, value in enumerate(reach[:budget], start=1):
             gained += value
