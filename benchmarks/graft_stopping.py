@@ -154,11 +154,13 @@ def report(steps: list[Step], prices: Prices, thresholds: tuple[float, ...], dep
 
 
 def layer_thresholds(options: dict, depth: int) -> tuple[float, ...]:
-    """Per drafted layer, the threshold of the graft options' first checkpoint on it (checkpoints past the last
-    drafted layer are checked on it, as graft does); 0 where none."""
+    """Per drafted layer, the confidence below which the graft options stop there: the largest threshold of the
+    checkpoints on it (graft fires the first of them whose threshold the confidence is below; checkpoints past the
+    last drafted layer are checked on it); 0 where none."""
     thresholds = [0.0] * depth
-    for checkpoint, threshold in reversed(list(zip(options["checkpoints"], options["thresholds"], strict=True))):
-        thresholds[min(checkpoint, depth - 1)] = threshold
+    for checkpoint, threshold in zip(options["checkpoints"], options["thresholds"], strict=True):
+        layer = min(checkpoint, depth - 1)
+        thresholds[layer] = max(thresholds[layer], threshold)
     return tuple(thresholds)
 
 
