@@ -30,7 +30,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported
 
 import argparse  # noqa: E402
 import itertools  # noqa: E402
-import math  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from dataclasses import dataclass, replace  # noqa: E402
 
@@ -78,23 +77,23 @@ def rate(steps: list[Step], prices: Prices, layer_of) -> float:
     return tokens / ms if ms else 0.0
 
 
+def best_layer(step: Step, prices: Prices, r: float) -> int:
+    """The layer to stop after that maximises the step's tokens − ``r`` · ms."""
+    def value(layer: int) -> float:
+        tokens, ms = tokens_and_ms(step, layer, prices)
+        return tokens - r * ms
+    return max(range(len(step.confidences)), key=value)
+
+
 def oracle_rate(steps: list[Step], prices: Prices) -> float:
-    """Each step stops where τ − R·T is largest at the rate R this yields (Dinkelbach's iteration for a ratio)."""
-    depth = len(steps[0].confidences) if steps else 0
-    current = rate(steps, prices, lambda step: depth - 1)
-    for _ in range(50):
-        def best(step: Step, r: float = current) -> int:
-            return max(range(depth), key=lambda layer: _value(step, layer, prices, r))
-        improved = rate(steps, prices, best)
+    """Each step stops where τ − R·T is largest at the rate R this yields (Dinkelbach's iteration for a ratio: R
+    rises every round until no step changes its layer)."""
+    current = rate(steps, prices, lambda step: len(step.confidences) - 1)
+    while True:
+        improved = rate(steps, prices, lambda step, r=current: best_layer(step, prices, r))
         if improved <= current * (1 + 1e-9):
-            break
+            return current
         current = improved
-    return current
-
-
-def _value(step: Step, layer: int, prices: Prices, r: float) -> float:
-    tokens, ms = tokens_and_ms(step, layer, prices)
-    return tokens - r * ms
 
 
 def best_grid(steps: list[Step], prices: Prices, depth: int) -> tuple[float, tuple[float, ...]]:
@@ -106,24 +105,28 @@ def best_grid(steps: list[Step], prices: Prices, depth: int) -> tuple[float, tup
 
 
 def record_steps(pipeline: Pipeline, config: DecodeConfig, questions) -> tuple[list[Step], Prices]:
-    """Decode each question's first turn with ``dense``; every step's confidences, τ, and the mean prices."""
+    """Decode each question's first turn with ``dense``; every step's confidences, τ, and the mean prices.
+
+    Each layer's best score stays on the device until the question is decoded (one read then), so recording adds
+    no synchronisation to the steps it times."""
     decoder = pipeline.decoder(config)
     method = decoder.method
     drafted_layers = method.layers
-    confidences: list[float] = []
+    best_scores: list[torch.Tensor] = []  # per drafted layer, [] log c_d
 
     def recording(committed: torch.Tensor) -> Iterator:
         for drafted in drafted_layers(committed):
-            confidences.append(math.exp(float(drafted.best_score())))
+            best_scores.append(drafted.best_score())
             yield drafted
 
     method.layers = recording  # this decoder's method only
+    depth = config.tree.depth
     steps, forward_s, calls, rest_s = [], 0.0, 0, 0.0
     for question in questions:
         prompt = pipeline.encode_chat(chat_messages(question.turns[:1]))
-        confidences.clear()
+        best_scores.clear()
         generation = decoder.generate(prompt)
-        depth = config.tree.depth
+        confidences = torch.stack(best_scores).exp().tolist()
         for index, stats in enumerate(generation.steps):
             steps.append(Step(question.benchmark, tuple(confidences[index * depth : (index + 1) * depth]),
                               stats.accepted_length))
@@ -180,7 +183,7 @@ def main() -> int:
     if profile is None or "graft" not in profile.method_options:
         parser.error(f"no profile with graft options for {args.pair}: pass --profile NAME_OR_YAML")
     dtype = args.dtype or profile.dtype
-    pipeline = Pipeline.load(args.pair, dtype, profile.device)
+    pipeline = Pipeline.load(args.pair, dtype, profile.device, thinking=profile.thinking, linear=profile.linear)
     tree = profile.decode.tree
     config = replace(profile.decode, method="dense", max_new_tokens=args.max_new_tokens)
     questions = suite_questions(args.suite, num_prompts=args.num_prompts, first_prompt=args.first_prompt)
