@@ -21,7 +21,8 @@ the frontier), and each gets its top-K children. Existing children are merged an
 the strong score; nothing is deleted. The new children's K best are the next frontier.
 
 Strong layers the policy calls from layer 1 on whatever the tree holds run on the strong drafter's device and
-are read back once (``strong_run``); the loop goes on from the layer after them.
+are read back once (``strong_run``); the loop goes on from the layer after them. A run over every layer is not read
+back at all when neither the policy nor the caller reads the tree on the host: it is cut on the device.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from ..scheduling.options import TreeGraftConfig
 from ..scheduling.policies import CallPolicy, CostModel, SchedulerState, WeakPreview, features
 from ..syncs import fetch, host_only
 from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree, RootTrees, float32
-from .strong_run import RunPlan, RunResult, plan_run, run_strong_layers
+from .strong_run import RunPlan, RunResult, grow_on_device, plan_run, run_strong_layers
 from .tree_ops import cut_to_budget
 
 HOST = torch.device("cpu")
@@ -163,10 +164,13 @@ class LayerLoop:
         forced: Mapping[int, bool] | None = None,
         record: bool = False,
         history: tuple[float, ...] = (),
+        device_tree: bool = False,
     ) -> tuple[DraftTree, list[LayerRecord], Growth]:
         """The cut tree, one record per layer, and the uncut growth state (for inspection and tests).
 
-        ``history``: what the recent steps measured (``StepHistory.values()``), handed to the policy's state."""
+        ``history``: what the recent steps measured (``StepHistory.values()``), handed to the policy's state.
+        ``device_tree``: the caller reads nothing of the tree on the host, so a strong run over every layer may hand
+        it over on the strong drafter's device (when the policy does not read it either); else it is a host tree."""
         forced = forced or {}
         self.index.sync(committed)
         if self.strong is not None:
@@ -183,9 +187,12 @@ class LayerLoop:
                 call = wanted and self.strong is not None and bool(window)
             plan = self.run_plan(committed, policy) if call and layer == 1 and not forced and not record else None
             if plan is not None:
+                records = [LayerRecord(called, True, False, None) for called in range(1, plan.layers + 1)]
+                if device_tree and plan.layers == self.shape.depth and not policy.reads_verified_tree:
+                    tree, g = self.strong_tree(plan, committed)
+                    return tree, records, g
                 g = Growth.after_run(run_strong_layers(plan, self.strong, committed, self.index.context[-1],
-                                                       self.options.lookback, self.options.max_depth, self.roots), plan.layers)
-                records = [LayerRecord(called, True, False, None) for called in g.called]
+                                                       self.options.lookback, self.roots), plan.layers)
                 layer = plan.layers + 1
                 continue
             if call:
@@ -212,6 +219,17 @@ class LayerLoop:
         if layers < 2 or self.strong_lag(committed) < 1:
             return None
         return plan_run(layers, self.shape.top_k, self.pool, self.options.max_depth)
+
+    def strong_tree(self, plan: RunPlan, committed: torch.Tensor) -> tuple[DraftTree, Growth]:
+        """The cut tree and the growth of a strong run over every layer, on the strong drafter's device: no read.
+
+        ``cut_to_budget`` caps each score by its ancestors' before ranking; a run's scores need no cap (each child's is
+        its parent's plus a log-prob, never above it), so the cut is ``DraftTree.top_by_score``'s, node for node. The
+        policy keeps the cut tree (no trim)."""
+        tree, rows, expanded = grow_on_device(plan, self.strong, committed, self.index.context[-1],
+                                              self.options.lookback, self.roots)
+        growth = Growth(tree, rows[:0], expanded, set(), rows, list(range(1, plan.layers + 1)))
+        return tree.top_by_score(self.shape.budget), growth
 
     def strong_lag(self, committed: torch.Tensor) -> int:
         """Committed tokens the strong drafter has yet to forward (the whole prompt before its first call)."""

@@ -18,6 +18,10 @@ scores and node order — as tensor ops on the device, then reads the tree and t
 run was grafted by the strong drafter with its parent's score plus its own log-prob in the parent's row (a
 value of that row's top-K), which is what rescoring would sum again, in the same float32 order. The layers after
 the run continue on the host (``LayerLoop.build``).
+
+A run over every layer of the step, for a policy that neither trims the cut tree nor learns from it on the host
+(``CallPolicy.reads_verified_tree``: ``all-mid``), stays on the device to the end (``grow_on_device``) and is cut
+there: the step then reads only the verdict.
 """
 
 from __future__ import annotations
@@ -80,10 +84,40 @@ def run_strong_layers(
     committed: torch.Tensor,  # [L] root last
     root_token: int,
     lookback: int,
-    max_depth: int,
     roots: RootTrees,
 ) -> RunResult:
-    """Strong layers 1..``plan.layers`` of one step on ``strong``'s device; one read at the end.
+    """Strong layers 1..``plan.layers`` of one step on ``strong``'s device, read by the host once at the end for the
+    layers after them."""
+    tree, side = _grow(plan, strong, committed, root_token, lookback, roots)
+    k, capacity = plan.width, plan.capacity
+    last = plan.nodes_before(plan.layers)  # the last layer's children: their K best are the frontier
+    torch.add(best(tree.scores[last:], None, k), last, out=side[2 * capacity :])
+    return _to_host(tree, side)
+
+
+def grow_on_device(
+    plan: RunPlan,
+    strong: TreeDrafter,
+    committed: torch.Tensor,  # [L] root last
+    root_token: int,
+    lookback: int,
+    roots: RootTrees,
+) -> tuple[DraftTree, torch.Tensor, torch.Tensor]:  # the tree, rows [num_nodes] long, expanded [num_nodes] bool
+    """``run_strong_layers`` left on the device, for a run with no layer after it: no read."""
+    tree, side = _grow(plan, strong, committed, root_token, lookback, roots)
+    n, capacity = tree.num_nodes, plan.capacity
+    return tree, side[:n], side[capacity : capacity + n] > 0
+
+
+def _grow(
+    plan: RunPlan,
+    strong: TreeDrafter,
+    committed: torch.Tensor,  # [L] root last
+    root_token: int,
+    lookback: int,
+    roots: RootTrees,
+) -> tuple[DraftTree, torch.Tensor]:  # the tree on the device, the side columns [2 · capacity + K]
+    """The run's forwards, grafts and side columns, all on the device.
 
     In a run a layer's grafting positions are exactly the nodes it forwarded, best first: every node forwarded
     earlier was expanded by its own layer, so the forwarded-and-unexpanded candidates of a layer are the K it just
@@ -102,7 +136,7 @@ def run_strong_layers(
     for layer in range(1, plan.layers + 1):
         if layer > 1:
             n, lowest = plan.nodes_before(layer), max(0, layer - lookback)
-            # ``graft_window``: no node of a run is deeper than layer - 1 (the plan keeps max_depth above the run)
+            # ``graft_window``: no node of a run is deeper than layer - 1 (``plan_run`` keeps max_depth above the run)
             window = open_scores[:n] if not lowest else torch.where(tree.depths >= lowest, open_scores[:n], float("-inf"))
             ranked = torch.sort(window, descending=True, stable=True)  # ties to the lower index, as ``best``
             positions, position_scores = ranked.indices[:k], ranked.values[:k]
@@ -115,9 +149,7 @@ def run_strong_layers(
         open_scores[first : first + child_scores.shape[0]] = child_scores
         open_scores.index_fill_(0, positions, float("-inf"))
         expanded.index_fill_(0, positions, 1)
-    last = plan.nodes_before(plan.layers)  # the last layer's children: their K best are the frontier
-    torch.add(best(tree.scores[last:], None, k), last, out=side[2 * capacity :])
-    return _to_host(tree, side)
+    return tree, side
 
 
 def best(

@@ -102,7 +102,7 @@ class TreeGraftMethod(Method):
         return self.policy.uses_costs and (self.costs.verify_ms <= 0 or self.costs.strong_ms <= 0)
 
     def start(self, prefill: Prefill) -> None:
-        self.host_tree = DraftTree.from_root(0, host=True)
+        self.built_tree = DraftTree.from_root(0, host=True)
         self.prompt_length = int(prefill.prompt_ids.numel())
         self.history = StepHistory() if self.measure_history else None
         self.index.reset()
@@ -138,8 +138,15 @@ class TreeGraftMethod(Method):
         return replace(measured, strong_ms=self.costs.strong_ms or measured.strong_ms)
 
     def draft(self, committed: torch.Tensor) -> DraftTree:
-        """The tree is built on the host; verification gets it uploaded to the target's device."""
-        return self.build(committed)[0].to(self.models.target.device)
+        """The tree is built on the host (or left on the strong drafter's device when nothing reads it there:
+        ``device_tree``); verification gets it moved to the target's device."""
+        return self.build(committed, device_tree=self.device_tree)[0].to(self.models.target.device)
+
+    @property
+    def device_tree(self) -> bool:
+        """Whether this request reads nothing of a verified tree on the host but the drafter rows of its accepted nodes
+        (``readback``): no probe, no history, a policy that neither trims nor observes it."""
+        return not self.probed and self.history is None and not self.policy.reads_verified_tree
 
     def build(
         self,
@@ -147,42 +154,51 @@ class TreeGraftMethod(Method):
         policy: CallPolicy | None = None,
         forced: Mapping[int, bool] | None = None,
         record: bool = False,
+        device_tree: bool = False,
     ) -> tuple[DraftTree, list[LayerRecord]]:
-        """Draft with ``policy`` (default: the method's), ``forced`` actions by layer, features if ``record``.
+        """Draft with ``policy`` (default: the method's), ``forced`` actions by layer, features if ``record``;
+        ``device_tree``: see ``LayerLoop.build``.
 
         Safe to call several times for one step (``collect`` tries call and skip at a layer): the strong
         drafter's cache is cropped back to the committed context each time.
         """
         tree, records, growth = self.loop.build(
             committed, policy or self.policy, self.costs, self.prompt_length, forced, record,
-            self.history.values() if self.history is not None else (),
+            self.history.values() if self.history is not None else (), device_tree,
         )
-        self.host_tree = tree  # the last tree built is the one verified: observe learns from its host copy
+        self.built_tree = tree  # the last tree built is the one verified: observe learns from it
         self.last_records = records
         self.weak_expansions = growth.weak_expansions
         return tree, records
 
     def readback(self, tree: DraftTree, verdict: Verdict, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The target's top-W log-probs at the root and the accepted nodes (rows along the path, at most its
-        depth + 1), read with the verdict for the n-gram scores; nothing when no step drafts weak layers."""
+        """Read with the verdict: a device tree's drafter cache rows (``kv_slot``), for the strong drafter's commit;
+        the target's top-W log-probs at the root and the accepted nodes (rows along the path, at most its depth + 1),
+        for the n-gram scores, unless no step drafts weak layers."""
+        slots = () if self.built_tree.host else (tree.kv_slot,)
         if not self.keeps_target_logp:
-            return ()
-        deepest = max(self.host_tree.listed("depths"))
+            return slots
+        deepest = max(self.built_tree.listed("depths"))
         path = verdict.path[0, : deepest + 1].clamp(min=0)
-        return self.target_logp.top(logits[path])
+        return slots + self.target_logp.top(logits[path])
 
     def observe(self, observation: Observation) -> None:
         a = observation.num_accepted
-        tree = self.host_tree
+        tree, host = self.built_tree, observation.host
         path = longs(observation.accepted_nodes)  # host, root excluded
         if self.strong is not None:
-            self.strong.commit(tree, path)
+            forwarded = None  # counted from the tree: a host tree's rows, or one read of a device tree's
+            if not tree.host and host:
+                with host_only():
+                    slots, host = host[0].tolist(), host[1:]
+                forwarded = next((j for j, node in enumerate(observation.accepted_nodes) if slots[node] < 0), a)
+            self.strong.commit(tree, path, forwarded)
         with host_only():
             self.index.extend(observation.new_tokens)
             # the root and the accepted nodes were verified on the committed prefix: their target rows are exact
             if self.keeps_target_logp:
-                if observation.host:
-                    values, tokens = (t[: a + 1] for t in observation.host)
+                if host:
+                    values, tokens = (t[: a + 1] for t in host)
                 else:  # a caller that did not ask for the readback (a wrapper): read the rows now
                     values, tokens = (t[: a + 1] for t in fetch(*self.readback(tree, observation.verdict, observation.logits)))
                 root_position = observation.committed.shape[0] - a - 2

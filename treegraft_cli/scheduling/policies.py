@@ -280,6 +280,9 @@ class CallPolicy(ABC):
     name = ""
     uses_costs = False  # reads SchedulerState.costs: the method measures them at warm-up when not given
     feature_set = "paper"  # the features it reads (FEATURE_SETS); "extended" needs the request's StepHistory
+    # its ``trim`` or ``observe`` reads the step's tree on the host; when not, a strong run over every layer stays on
+    # the device to the end (``grafting.strong_run.grow_on_device``)
+    reads_verified_tree = True
 
     def __init__(self, call_budget: int):
         self.call_budget = call_budget
@@ -328,6 +331,7 @@ class AllSmall(CallPolicy):
 
 class AllMid(CallPolicy):
     name = "all-mid"
+    reads_verified_tree = False
 
     def wants_call(self, state: SchedulerState) -> bool:
         return True
@@ -341,6 +345,7 @@ class AllMid(CallPolicy):
 
 class FixedLayers(CallPolicy):
     name = "fixed"
+    reads_verified_tree = False
 
     def __init__(self, call_budget: int, layers: tuple[int, ...]):
         super().__init__(call_budget)
