@@ -80,7 +80,7 @@ CALLS_PER_STEP = {
     "adjacency": 216,
     "graft": 295,
     "all-small": 92,
-    "all-mid": 350,
+    "all-mid": 330,
     "fixed:1,3": 275,
     "treegraft": 380,  # more slack: the step rule's choices follow measured times
 }
