@@ -176,11 +176,14 @@ class TreeGraftMethod(Method):
         the target's top-W log-probs at the root and the accepted nodes (rows along the path, at most its depth + 1),
         for the n-gram scores, unless no step drafts weak layers."""
         slots = () if self.built_tree.host else (tree.kv_slot,)
-        if not self.keeps_target_logp:
-            return slots
+        return slots + self.target_rows(verdict, logits) if self.keeps_target_logp else slots
+
+    def target_rows(self, verdict: Verdict, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's top-W log-probs and tokens at the root and the accepted nodes (host trees only: the n-gram
+        drafter's)."""
         deepest = max(self.built_tree.listed("depths"))
         path = verdict.path[0, : deepest + 1].clamp(min=0)
-        return slots + self.target_logp.top(logits[path])
+        return self.target_logp.top(logits[path])
 
     def observe(self, observation: Observation) -> None:
         a = observation.num_accepted
@@ -200,7 +203,7 @@ class TreeGraftMethod(Method):
                 if host:
                     values, tokens = (t[: a + 1] for t in host)
                 else:  # a caller that did not ask for the readback (a wrapper): read the rows now
-                    values, tokens = (t[: a + 1] for t in fetch(*self.readback(tree, observation.verdict, observation.logits)))
+                    values, tokens = (t[: a + 1] for t in fetch(*self.target_rows(observation.verdict, observation.logits)))
                 root_position = observation.committed.shape[0] - a - 2
                 self.target_logp.append_top(root_position, values, tokens)
             # the target's token after each verified node: the next accepted node's, then the bonus
