@@ -44,7 +44,7 @@ from ..scheduling.options import TreeGraftConfig
 from ..scheduling.policies import CallPolicy, CostModel, SchedulerState, WeakPreview, features
 from ..syncs import fetch, host_only
 from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree, RootTrees, float32
-from .strong_run import RunPlan, RunResult, grow_on_device, plan_run, run_strong_layers
+from .strong_run import RunPlan, RunResult, plan_run, run_strong_layers
 from .tree_ops import cut_to_budget
 
 HOST = torch.device("cpu")
@@ -226,10 +226,10 @@ class LayerLoop:
         ``cut_to_budget`` caps each score by its ancestors' before ranking; a run's scores need no cap (each child's is
         its parent's plus a log-prob, never above it), so the cut is ``DraftTree.top_by_score``'s, node for node. The
         policy keeps the cut tree (no trim)."""
-        tree, rows, expanded = grow_on_device(plan, self.strong, committed, self.index.context[-1],
-                                              self.options.lookback, self.roots)
-        growth = Growth(tree, rows[:0], expanded, set(), rows, list(range(1, plan.layers + 1)))
-        return tree.top_by_score(self.shape.budget), growth
+        run = run_strong_layers(plan, self.strong, committed, self.index.context[-1], self.options.lookback, self.roots,
+                                read=False)
+        growth = Growth(run.tree, run.frontier, run.expanded, set(), run.rows, list(range(1, plan.layers + 1)))
+        return run.tree.top_by_score(self.shape.budget), growth
 
     def strong_lag(self, committed: torch.Tensor) -> int:
         """Committed tokens the strong drafter has yet to forward (the whole prompt before its first call)."""

@@ -281,7 +281,7 @@ class CallPolicy(ABC):
     uses_costs = False  # reads SchedulerState.costs: the method measures them at warm-up when not given
     feature_set = "paper"  # the features it reads (FEATURE_SETS); "extended" needs the request's StepHistory
     # its ``trim`` or ``observe`` reads the step's tree on the host; when not, a strong run over every layer stays on
-    # the device to the end (``grafting.strong_run.grow_on_device``)
+    # the device to the end (``grafting.strong_run.run_strong_layers``)
     reads_verified_tree = True
 
     def __init__(self, call_budget: int):
