@@ -145,8 +145,8 @@ class TreeGraftMethod(Method):
     @property
     def device_tree(self) -> bool:
         """Whether this request reads nothing of a verified tree on the host but the drafter rows of its accepted nodes
-        (``readback``): no probe, no history, a policy that neither trims nor observes it."""
-        return not self.probed and self.history is None and not self.policy.reads_verified_tree
+        (``readback``): no probe, no history. Whether the policy reads it is the layer loop's check."""
+        return not self.probed and self.history is None
 
     def build(
         self,
