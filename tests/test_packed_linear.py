@@ -41,6 +41,26 @@ def test_packed_layers_compute_what_the_default_ones_do():
     assert all(isinstance(m.forward, PackedForward) for m in model.modules() if type(m) is torch.nn.Linear)
 
 
+@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="oneDNN has no bf16 kernel on this CPU")
+def test_packed_bf16_layers_compute_bit_for_bit_what_the_default_ones_do():
+    _, target = load_pair(PAIR, dtype="bf16")
+    model = target.model
+    tokens = torch.randint(0, model.config.vocab_size, (1, 9))
+    calls = []
+    with torch.inference_mode():
+        default_rows, default_one = model(tokens).logits, model(tokens[:, :1]).logits
+        pack_linears(model)
+        original = torch.ops.mkldnn._linear_pointwise
+        try:  # count the packed products: in bf16 one row takes the packed weight too
+            torch.ops.mkldnn._linear_pointwise = lambda *args: calls.append(args[0].shape[-2]) or original(*args)
+            packed_rows, packed_one = model(tokens).logits, model(tokens[:, :1]).logits
+        finally:
+            torch.ops.mkldnn._linear_pointwise = original
+    assert torch.equal(packed_rows, default_rows) and torch.equal(packed_one, default_one)
+    linears = sum(type(m) is torch.nn.Linear for m in model.modules())
+    assert sorted(set(calls)) == [1, 9] and len(calls) == 2 * linears
+
+
 @pytest.mark.parametrize("method, compile", [("dense", "off"), ("graft", "off"), ("treegraft", "off"), ("chain", "off"),
                                              ("dense", "static")])
 def test_greedy_output_with_packed_linears_equals_plain_greedy(packed_pipeline, method, compile):
@@ -53,7 +73,7 @@ def test_greedy_output_with_packed_linears_equals_plain_greedy(packed_pipeline, 
 
 
 @pytest.mark.parametrize("linear, dtype, device, needle", [
-    ("packed", "bf16", "cpu", "fp32 only"),
+    ("packed", "fp16", "cpu", "fp32 or bf16 only"),
     ("packed", "fp32", "cuda", "CPU kernel"),
     ("fast", "fp32", "cpu", "unknown --linear"),
 ])
@@ -72,13 +92,20 @@ def test_packed_linears_are_refused_with_inductor_but_run_with_static_shapes():
     check_linear("packed", "fp32", "cpu", "static")
 
 
-def test_bench_refuses_packed_bf16_before_loading_a_model(monkeypatch):
+def test_bench_refuses_packed_fp16_before_loading_a_model(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the input was checked")
 
     monkeypatch.setattr(Pipeline, "load", classmethod(refuse))
-    result = CliRunner().invoke(app, ["bench", "--pair", PAIR, "--linear", "packed", "--dtype", "bf16"])
-    assert isinstance(result.exception, ConfigError) and "fp32 only" in result.exception.message
+    result = CliRunner().invoke(app, ["bench", "--pair", PAIR, "--linear", "packed", "--dtype", "fp16"])
+    assert isinstance(result.exception, ConfigError) and "fp32 or bf16 only" in result.exception.message
+
+
+def test_bf16_packing_is_refused_where_onednn_has_no_bf16_kernel(monkeypatch):
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    with pytest.raises(ConfigError, match="no bf16 kernel") as error:
+        check_linear("packed", "bf16", "cpu")
+    assert "--dtype fp32" in error.value.hint
 
 
 def test_bench_records_the_linear_kernels(tmp_path):

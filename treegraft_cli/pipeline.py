@@ -39,8 +39,8 @@ class Pipeline:
         cls, pair: str, dtype: str = "bf16", device: str = "cpu", progress: Progress | None = None,
         thinking: bool | None = None, linear: str = "default",
     ) -> Pipeline:
-        """``linear``: ``packed`` gives every linear layer of both models a oneDNN-packed copy of its weight for
-        multi-row forwards (``models/packed_linear.py``; CPU, fp32)."""
+        """``linear``: ``packed`` gives every linear layer of both models a oneDNN-packed copy of its weight
+        (``models/packed_linear.py``; CPU, fp32 or bf16)."""
         check_linear(linear, dtype, device)
         drafter, target = load_pair(pair, dtype, device, progress)
         if linear == "packed":

@@ -36,8 +36,8 @@ Linear = Annotated[
     str | None,
     typer.Option(
         "--linear",
-        help="default | packed: packed gives multi-row forwards (trees) oneDNN-packed weights, CPU fp32 only, twice "
-        "the weights' memory; it pays where the CPU's BLAS is slow for few rows (`treegraft profile --linear packed`).",
+        help="default | packed: packed gives the linear layers oneDNN-packed weights, CPU fp32 or bf16, twice the "
+        "weights' memory; it pays where torch's kernels are slow for few rows (`treegraft profile --linear packed`).",
     ),
 ]
 Thinking = Annotated[
