@@ -10,12 +10,14 @@ from conftest import random_prompt
 from typer.testing import CliRunner
 
 from treegraft_cli.cli import app
+from treegraft_cli.cli.resolve import resolve_run
 from treegraft_cli.config import DecodeConfig, TreeConfig
 from treegraft_cli.errors import ConfigError
+from treegraft_cli.models import packed_linear
 from treegraft_cli.models.load import load_pair
-from treegraft_cli.models.packed_linear import PackedForward, check_linear, is_packed, pack_linears
+from treegraft_cli.models.packed_linear import PackedForward, check_linear, is_packed, pack_linears, resolve_linear
 from treegraft_cli.pipeline import Pipeline
-from treegraft_cli.profiles import profile_document, profile_from_mapping
+from treegraft_cli.profiles import load_profile, profile_document, profile_from_mapping
 
 PAIR = "tiny-random@layers=2:tiny-random"
 
@@ -124,3 +126,28 @@ def test_a_profile_may_ask_for_packed_linears():
     assert "linear" not in profile_document(profile_from_mapping({"pair": PAIR}, "q.yaml"))
     with pytest.raises(ConfigError, match="linear 'fast'"):
         profile_from_mapping({"pair": PAIR, "linear": "fast"}, "r.yaml")
+
+
+@pytest.mark.parametrize("dtype, device, compile, native, expected", [
+    ("bf16", "cpu", "off", True, "packed"),
+    ("bf16", "cpu", "static", True, "packed"),
+    ("bf16", "cpu", "compile", True, "default"),  # Inductor packs weights itself
+    ("bf16", "cpu", "off", False, "default"),  # emulated bf16: not measured to pay
+    ("fp32", "cpu", "off", True, "default"),
+    ("bf16", "cuda", "off", True, "default"),
+])
+def test_auto_linears_are_packed_in_bf16_on_a_cpu_with_bf16_instructions(monkeypatch, dtype, device, compile, native, expected):
+    monkeypatch.setattr(packed_linear, "native_bf16", lambda: native)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    assert resolve_linear("auto", dtype, device, compile) == expected
+    assert resolve_linear("default", dtype, device, compile) == "default"
+
+
+def test_the_qwen_pairs_profile_packs_its_linears_where_that_pays():
+    def run(dtype=None, linear=None):
+        return resolve_run("qwen2.5-coder-0.5b:qwen2.5-coder-1.5b", None, dtype, None, None, None, None, None, None,
+                           linear=linear)
+
+    assert load_profile("qwen2.5-coder-0.5b--1.5b").linear == "auto"
+    assert run().dtype == "bf16" and run().linear == resolve_linear("auto", "bf16", "cpu")  # what this machine gets
+    assert run(dtype="fp32").linear == "default" and run(linear="default").linear == "default"

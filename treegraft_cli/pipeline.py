@@ -17,7 +17,7 @@ from .engine import Generation, SpeculativeDecoder
 from .lm import CausalLM
 from .models import LoadedModel, load_pair
 from .models.fetch import Progress
-from .models.packed_linear import check_linear, pack_linears
+from .models.packed_linear import pack_linears, resolve_linear
 
 # Runs on a laptop CPU in seconds once fetched: a real model drafting for itself with its first 8 layers.
 DEFAULT_PAIR = "smollm2-135m@layers=8:smollm2-135m"
@@ -40,8 +40,8 @@ class Pipeline:
         thinking: bool | None = None, linear: str = "default",
     ) -> Pipeline:
         """``linear``: ``packed`` gives every linear layer of both models a oneDNN-packed copy of its weight
-        (``models/packed_linear.py``; CPU, fp32 or bf16)."""
-        check_linear(linear, dtype, device)
+        (``models/packed_linear.py``; CPU, fp32 or bf16); ``auto``: packed where that pays (``resolve_linear``)."""
+        linear = resolve_linear(linear, dtype, device)
         drafter, target = load_pair(pair, dtype, device, progress)
         if linear == "packed":
             for loaded in (target, drafter):

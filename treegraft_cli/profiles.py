@@ -8,7 +8,7 @@ A profile file (``profiles/NAME.yaml``)::
     dtype: bf16                        # bf16 | fp16 | fp32
     device: auto                       # cpu | cuda | auto
     thinking: false                    # optional: the chat template's enable_thinking (Qwen3); absent: its default
-    linear: packed                     # optional: default | packed (CPU fp32 / bf16 linear kernels, ``--linear``)
+    linear: packed                     # optional: default | packed | auto (CPU linear kernels, ``--linear``)
     decode:                            # DecodeConfig fields; tree and sampling are nested
       method: treegraft
       max_new_tokens: 256

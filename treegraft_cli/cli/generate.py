@@ -8,7 +8,7 @@ import typer
 
 from ..methods import check_method
 from ..models.load import parse_dtype
-from ..models.packed_linear import check_linear
+from ..models.packed_linear import resolve_linear
 from ..pipeline import Pipeline, chat_messages
 from . import console
 from .options import (
@@ -63,10 +63,10 @@ def generate(
         method, max_new_tokens, temperature, top_k, top_p, seed, budget, depth, tree_top_k, kernels, option, compile
     )
     parse_dtype(dtype)
-    check_linear(linear or "default", dtype, device, config.compile)
+    linear = resolve_linear(linear or "default", dtype, device, config.compile)
     check_method(config, has_drafter(pair))  # a typo in --pair, --method or -o fails before any model loads
     with console.fetch_progress() as progress:
-        pipeline = Pipeline.load(pair, dtype, device, progress, thinking, linear or "default")
+        pipeline = Pipeline.load(pair, dtype, device, progress, thinking, linear)
     decoder = pipeline.decoder(config)
     prompt_ids = pipeline.encode_chat(chat_messages([prompt], system=system))
     generation = decoder.generate(prompt_ids)

@@ -36,8 +36,9 @@ Linear = Annotated[
     str | None,
     typer.Option(
         "--linear",
-        help="default | packed: packed gives the linear layers oneDNN-packed weights, CPU fp32 or bf16, twice the "
-        "weights' memory; it pays where torch's kernels are slow for few rows (`treegraft profile --linear packed`).",
+        help="default | packed | auto: packed gives the linear layers oneDNN-packed weights, CPU fp32 or bf16, twice "
+        "the weights' memory; it pays where torch's kernels are slow (`benchmarks/packed_linear.py`); auto: packed "
+        "in bf16 on a CPU with bf16 instructions, default elsewhere.",
     ),
 ]
 Thinking = Annotated[

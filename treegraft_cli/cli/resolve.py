@@ -10,7 +10,7 @@ from typing import Any
 from ..bench.contenders import PairShape
 from ..config import DecodeConfig
 from ..models.load import parse_dtype
-from ..models.packed_linear import check_linear
+from ..models.packed_linear import resolve_linear
 from ..pipeline import DEFAULT_PAIR
 from ..profiles import Profile, decode_config_from_mapping, load_profile, profile_for_pair
 
@@ -59,7 +59,7 @@ def resolve_run(
     chosen_device = device or (profile.device if profile else "cpu")
     chosen_linear = linear or (profile.linear if profile else "default")
     config = decode_config_from_mapping(values, "settings")
-    check_linear(chosen_linear, chosen_dtype, chosen_device, config.compile)
+    chosen_linear = resolve_linear(chosen_linear, chosen_dtype, chosen_device, config.compile)
     return RunSettings(
         pair=pair or (profile.pair if profile else DEFAULT_PAIR),
         dtype=chosen_dtype,

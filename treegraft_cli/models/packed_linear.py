@@ -24,7 +24,7 @@ from torch import nn
 
 from ..errors import ConfigError
 
-LINEAR_KINDS = ("default", "packed")
+LINEAR_KINDS = ("default", "packed", "auto")
 ROWS_HINT = 16  # the row count oneDNN lays the weights out for (a tree's worth of nodes)
 PACKED_DTYPES = ("fp32", "bf16")
 
@@ -40,6 +40,23 @@ def packing_problem(dtype: str, device: str) -> str | None:
     if dtype == "bf16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return "oneDNN has no bf16 kernel for this CPU (it needs AVX512-BF16, AVX512 or AMX)"
     return None
+
+
+def native_bf16() -> bool:
+    """Whether this x86 CPU has bf16 matrix instructions (AVX512-BF16 or AMX), where packed bf16 weights were
+    measured to pay (see the module docstring)."""
+    return any(getattr(torch.cpu, name, lambda: False)() for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+
+
+def resolve_linear(linear: str, dtype: str, device: str, compile: str = "off") -> str:
+    """The kernels a run uses, ``default`` or ``packed``, after ``check_linear``. ``auto`` is ``packed`` where it
+    was measured to pay and can run: bf16 on a CPU with bf16 instructions, without Inductor; ``default`` elsewhere
+    (in fp32 packing pays on some CPUs and not on others: ``benchmarks/packed_linear.py --dtype fp32`` tells)."""
+    check_linear(linear, dtype, device, compile)
+    if linear != "auto":
+        return linear
+    runs = packing_problem(dtype, device) is None and compile != "compile"
+    return "packed" if runs and dtype == "bf16" and native_bf16() else "default"
 
 
 def check_linear(linear: str, dtype: str, device: str, compile: str = "off") -> None:
