@@ -9,8 +9,8 @@ reordered once into its blocked layout for about ``ROWS_HINT`` rows, runs them f
   drafter's single-token step) the default kernel is the faster one there, so a one-row product keeps it.
 - bf16 (a CPU with AVX512-BF16 or AMX): torch's default bf16 product goes through oneDNN too, but lays the weight
   out again at every call. Packed, on a Zen 4 (AVX512-BF16, one thread), Qwen2.5-Coder-1.5B's forward after 300
-  tokens took 281 / 295 / 423 ms for 1 / 4 / 17 rows against 354 / 419 / 645 ms, and the 0.5B drafter's 119 / 91 /
-  187 against 169 / 168 / 261 (``benchmarks/packed_linear.py``), each layer's output bit for bit the default's. One
+  tokens took 280 / 281 / 403 ms for 1 / 4 / 17 rows against 400 / 367 / 620 ms, and the 0.5B drafter's 114 / 97 /
+  145 against 184 / 182 / 238 (``benchmarks/packed_linear.py``, medians of 3), with the same logits bit for bit. One
   row is faster packed as well, so every product uses the packed weight.
 
 Each layer keeps its weight (a tied embedding shares it) and gains a packed copy: the linear weights take twice
