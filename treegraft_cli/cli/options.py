@@ -38,7 +38,7 @@ Linear = Annotated[
         "--linear",
         help="default | packed | auto: packed gives the linear layers oneDNN-packed weights, CPU fp32 or bf16, twice "
         "the weights' memory; it pays where torch's kernels are slow (`benchmarks/packed_linear.py`); auto: packed "
-        "in bf16 on a CPU with bf16 instructions, default elsewhere.",
+        "in fp32 on CPU and in bf16 on a CPU with bf16 instructions, default elsewhere.",
     ),
 ]
 Thinking = Annotated[
