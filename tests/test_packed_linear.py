@@ -136,7 +136,7 @@ def test_a_profile_may_ask_for_packed_linears():
     ("fp32", "cpu", "off", False, "packed"),  # several fp32 rows are faster packed on every CPU measured
     ("bf16", "cuda", "off", True, "default"),
 ])
-def test_auto_linears_are_packed_in_bf16_on_a_cpu_with_bf16_instructions(monkeypatch, dtype, device, compile, native, expected):
+def test_auto_linears_are_packed_where_they_were_measured_to_pay(monkeypatch, dtype, device, compile, native, expected):
     monkeypatch.setattr(packed_linear, "native_bf16", lambda: native)
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
     assert resolve_linear("auto", dtype, device, compile) == expected

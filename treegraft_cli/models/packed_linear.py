@@ -2,7 +2,8 @@
 
 A tree's verification multiplies every weight matrix by a few rows (one per node). torch's default CPU kernels
 run such few-row products far below the speed that reading the weights once allows. oneDNN, with each weight
-reordered once into its blocked layout for about ``ROWS_HINT`` rows, runs them faster, with the same results:
+reordered once into its blocked layout for about ``ROWS_HINT`` rows, runs them faster (bit for bit the same
+results in bf16; fp32 rounds differently, greedy decoding stays exact under either kernel):
 
 - fp32: on an AMD EPYC (Zen 3, AVX2) with torch's MKL, a 1536→8960 layer takes 3.6× as long for 4 rows as for
   one by default; packed, those products take 0.55–0.8× the default time. For one row (plain decoding, a
@@ -52,7 +53,7 @@ def native_bf16() -> bool:
 
 def resolve_linear(linear: str, dtype: str, device: str, compile: str = "off") -> str:
     """The kernels a run uses, ``default`` or ``packed``, after ``check_linear``. ``auto`` is ``packed`` where it
-    was measured to pay and can run without Inductor: fp32 on CPU (several rows 1.7–2.5× faster on a Zen 4, 1.3–1.8×
+    was measured to pay and can run without Inductor: fp32 on CPU (several rows 1.7–2.5× faster on a Zen 4, 1.25–1.8×
     on a Zen 3; one row keeps the default kernel) and bf16 on a CPU with bf16 instructions; ``default`` elsewhere."""
     check_linear(linear, dtype, device, compile)
     if linear != "auto":
