@@ -213,6 +213,20 @@ def test_ngram_index_grows_incrementally_and_matches_longest_first():
     assert grown.continuations([1, 1, 1], max_n=3, count=3, length=3) == []
 
 
+def test_ngram_index_fills_from_shorter_matches_down_to_min_n():
+    index = NgramIndex(max_n=3)
+    index.extend([7, 2, 3, 8, 2, 4, 7, 2])  # "7 2" ended at position 1 (→ 3 8); "2" alone also at 4 (→ 4 7)
+    assert [c.tokens for c in index.continuations([7, 2], max_n=3, count=3, length=2)] == [(3, 8), (4, 7)]
+    assert [c.tokens for c in index.continuations([7, 2], max_n=3, count=3, length=2, min_n=2)] == [(3, 8)]
+    assert index.continuations([6, 2], max_n=3, count=3, length=2, min_n=2) == []  # "6 2" never occurred
+
+
+def test_min_n_is_checked_against_max_n():
+    with pytest.raises(ConfigError, match="min_n"):
+        TreeGraftConfig(max_n=3, min_n=4)
+    assert TreeGraftConfig(max_n=3, min_n=3).min_n == 3
+
+
 def test_target_logprob_cache_scores_and_penalises():
     cache = TargetLogProbCache(width=2, fallback_penalty=5.0)
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]]))

@@ -135,16 +135,17 @@ class NgramIndex:
         count: int,
         length: int,
         scan_limit: int = 64,
+        min_n: int = 1,
     ) -> list[Continuation]:
         """Up to ``count`` continuations with distinct first tokens, longest match first, most recent first.
 
-        Matches of shorter n fill what longer n leave; each continuation is at most ``length`` tokens of
-        the context after the match. ``scan_limit`` bounds the occurrences read per n (frequent unigrams).
+        Matches of shorter n, down to ``min_n``, fill what longer n leave; each continuation is at most ``length``
+        tokens of the context after the match. ``scan_limit`` bounds the occurrences read per n (frequent unigrams).
         """
         found: list[Continuation] = []
         first_tokens: set[int] = set()
         last = len(self.context) - 1
-        for n in range(min(max_n, self.max_n, len(suffix)), 0, -1):
+        for n in range(min(max_n, self.max_n, len(suffix)), min_n - 1, -1):
             ends = self.table[n].get(tuple(suffix[-n:]), ())
             for end in list(reversed(ends))[:scan_limit]:
                 if end >= last or self.context[end + 1] in first_tokens:

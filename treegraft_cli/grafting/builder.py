@@ -306,7 +306,7 @@ class LayerLoop:
             if room <= 0:
                 continue
             suffix = context_tail + _path_tail(parent, tokens, parent_of, max_n)
-            found = self.index.continuations(suffix, max_n, k, room)
+            found = self.index.continuations(suffix, max_n, k, room, min_n=min(self.options.min_n, max_n))
             chains.extend((parent, c) for c in found)
             if len(found) == k:
                 full.append(parent)

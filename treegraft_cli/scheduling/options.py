@@ -30,6 +30,11 @@ class TreeGraftConfig:
     - layers: the called layers of ``fixed``, and of ``step``'s strong steps (default 1..D−1).
     - call_budget: strong calls per step at most.
     - max_n: longest n-gram suffix matched (it shrinks by one per layer, down to 1).
+    - min_n: shortest n-gram suffix whose matches give continuations (at most the layer's longest). A parent's K
+      continuations come from its longest matches first; with 1, matches of its last token alone fill the rest.
+      Such a continuation is whatever once followed that token somewhere: on the Qwen pair on a CPU, where every
+      verified node costs time, those fills cost ~50 ms of verification per step for 0.04 accepted tokens, hence
+      2. ``ngram`` (one chain) still falls back to 1, as prompt lookup does.
     - top_w / fallback_penalty: the target log-prob cache width and the penalty below its W-th entry.
     - lookback: depths (counted back from the layer's parent depth) in which a strong call may
       reselect grafting positions.
@@ -55,6 +60,7 @@ class TreeGraftConfig:
     layers: tuple[int, ...] = ()
     call_budget: int = 5
     max_n: int = 5
+    min_n: int = 2
     top_w: int = 10
     fallback_penalty: float = 5.0
     lookback: int = 5
@@ -74,6 +80,7 @@ class TreeGraftConfig:
         checks = [
             (self.call_budget >= 0, "call_budget must be >= 0"),
             (self.max_n >= 1, "max_n must be >= 1"),
+            (1 <= self.min_n <= self.max_n, "min_n must be in 1..max_n"),
             (self.top_w >= 1, "top_w must be >= 1"),
             (self.lookback >= 1, "lookback must be >= 1"),
             (self.max_depth >= 1, "max_depth must be >= 1"),
