@@ -32,9 +32,9 @@ class TreeGraftConfig:
     - max_n: longest n-gram suffix matched (it shrinks by one per layer, down to 1).
     - min_n: shortest n-gram suffix whose matches give continuations (at most the layer's longest). A parent's K
       continuations come from its longest matches first; with 1, matches of its last token alone fill the rest.
-      Such a continuation is whatever once followed that token somewhere: on the Qwen pair on a CPU, where every
-      verified node costs time, those fills cost ~50 ms of verification per step for 0.04 accepted tokens, hence
-      2. ``ngram`` (one chain) still falls back to 1, as prompt lookup does.
+      Such a continuation is whatever once followed that token somewhere, rarely what follows here; where every
+      verified node costs time (a CPU) the fills cost more verification than they return (README, TreeGraft),
+      hence 2. ``ngram`` (one chain) still falls back to 1, as prompt lookup does.
     - top_w / fallback_penalty: the target log-prob cache width and the penalty below its W-th entry.
     - lookback: depths (counted back from the layer's parent depth) in which a strong call may
       reselect grafting positions.
