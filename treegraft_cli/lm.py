@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
-from transformers import DynamicCache, PreTrainedModel, StaticCache
-from transformers.cache_utils import DynamicLayer
+from transformers import PreTrainedModel, StaticCache
 
 from .capture import CAPTURED_ROWS, StaticForwards, bucket
+from .kv_cache import BlockCache
 from .syncs import uncounted
 
 GatherRows = Callable[[Sequence[torch.Tensor], torch.Tensor, int], None]
@@ -85,7 +85,7 @@ class CausalLM:
     def __init__(self, model: PreTrainedModel):
         self.model = model
         self._device, self._dtype = model.device, model.dtype  # the model's properties walk its parameters
-        self.cache = DynamicCache(config=model.config)
+        self.cache: BlockCache | StaticCache = self._dynamic_cache()
         self.forward_calls = 0
         self.forward_s = 0.0  # time inside model forwards, for the draft / verify / host split
         self.synchronize_timing = False  # on CUDA, time forwards on the device (events; see settle_timing)
@@ -113,6 +113,14 @@ class CausalLM:
             raise ValueError(f"hidden state indices {bad} outside 0..{count}")
         self.capture_indices = tuple(int(i) for i in indices)
 
+    def _dynamic_cache(self) -> BlockCache:
+        """The cache of the dynamic path, its full-attention layers' rows kept on each decoder layer's device."""
+        try:
+            layer_devices = [next(layer.parameters()).device for layer in decoder_layers(self.model)]
+        except (AttributeError, TypeError, StopIteration):  # no decoder layer list (a head): rows on the model's device
+            layer_devices = None
+        return BlockCache(self.model.config, layer_devices)
+
     @property
     def device(self) -> torch.device:
         """Where inputs go: the device of the model's first parameters (its embeddings)."""
@@ -126,11 +134,7 @@ class CausalLM:
     def cache_length(self) -> int:
         if self.static is not None:
             return self._length
-        layer = self.cache.layers[0] if self.cache.layers else None
-        if type(layer) is DynamicLayer:  # its length is the keys' row count (the library asks numel() first)
-            keys = layer.keys if layer.is_initialized else None
-            return keys.shape[-2] if keys is not None and len(keys.shape) > 1 else 0  # 1-D: created, still empty
-        return self.cache.get_seq_length()
+        return self.cache.length
 
     def use_static(self, mode: str, capacity: int) -> None:
         """Forwards with static shapes (``capture.py``) over a StaticCache of at least ``capacity`` rows; mode
@@ -150,7 +154,10 @@ class CausalLM:
     def reset(self) -> None:
         self.last_hidden = None
         if self.static is None:
-            self.cache = DynamicCache(config=self.model.config)
+            if isinstance(self.cache, BlockCache):
+                self.cache.clear()
+            else:
+                self.cache = self._dynamic_cache()
             return
         self.cache = self._static_cache
         self._crop_layers(self._filled_layers(), 0)  # the last request's rows: the write position goes back
@@ -312,24 +319,42 @@ class CausalLM:
     def commit(self, keep_positions: torch.Tensor, start: int, gather: GatherRows | None = None) -> None:
         """Move the cache rows at ``keep_positions`` ([m], ascending) to ``start..start+m`` and drop all rows after.
 
-        ``gather`` moves the rows of every layer's keys and values at once (module-level ``gather_rows``, or the
-        Triton kernel with the same signature); the crop after it only narrows views. A target spread over
-        several devices (``device_map="auto"``) keeps each layer's cache on its layer's device: the rows are
-        gathered per device, with the positions copied to each device once.
+        ``gather`` moves the rows of many keys and values tensors at once (module-level ``gather_rows``, or the Triton
+        kernel with the same signature): each device's ``KVBlock`` is one such tensor, the layers of other kinds one
+        tensor each, and the crop after it only sets lengths and narrows views. A target spread over several devices
+        (``device_map="auto"``) keeps each layer's cache on its layer's device: the rows are gathered per device, with
+        the positions copied to each device once.
         """
-        layers = self._filled_layers()
         m = keep_positions.shape[0]
         if m:
             by_device: dict[torch.device, list[torch.Tensor]] = {}
-            for layer in layers:
-                by_device.setdefault(layer.keys.device, []).extend((layer.keys, layer.values))
+            for tensor in self._row_tensors():
+                by_device.setdefault(tensor.device, []).append(tensor)
             for device, tensors in by_device.items():
                 with on_device(device):
                     (gather or gather_rows)(tensors, keep_positions.to(device, non_blocking=True), start)
-        self._crop_layers(layers, start + m)
+        self.crop(start + m)
+
+    def _row_tensors(self) -> list[torch.Tensor]:
+        """Every tensor holding cache rows on dim -2: the blocks' buffers, then the other layers' keys and values."""
+        cache = self.cache
+        if not isinstance(cache, BlockCache):
+            return [t for layer in self._filled_layers() for t in (layer.keys, layer.values)]
+        tensors = [block.buffer for block in cache.blocks if block.buffer is not None]
+        for layer in cache.other_layers:
+            if getattr(layer, "is_initialized", True) and layer.keys is not None:
+                tensors.extend((layer.keys, layer.values))
+        return tensors
 
     def crop(self, length: int) -> None:
         """Keep the first ``length`` cache rows."""
+        cache = self.cache
+        if isinstance(cache, BlockCache):
+            for block in cache.blocks:
+                block.crop(length)
+            self._crop_layers([layer for layer in cache.other_layers if layer.is_initialized and layer.keys is not None],
+                              length)
+            return
         self._crop_layers(self._filled_layers(), length)
 
     def _rewind(self) -> None:

@@ -1,8 +1,9 @@
 """KV commit: move the accepted path's cache rows to contiguous positions in every layer, one launch.
 
-The launch gets a table of the layers' data pointers (int64; keys and values of all layers, which must
-share shape, strides and dtype) and one program per (tensor, batch·head) copies that head's rows. Rows
-are copied as raw bits (int8/16/32 words), so any cache dtype works.
+The launch gets a table of data pointers (int64; tensors that share shape, strides and dtype: a device's
+``KVBlock`` buffer, whose batch is every layer's keys and values, or layers' keys and values one by one) and one
+program per (tensor, batch·head) copies that head's rows. Rows are copied as raw bits (int8/16/32 words), so
+any cache dtype works.
 
 The copy is in place, and it is safe because ``keep_positions`` ascends with ``keep[j] >= start + j``:
 the row written for j is never the source of a later j, and every source row of a chunk is read (then a
@@ -76,7 +77,7 @@ def gather_rows(
         return
     first = tensors[0]
     batch, heads, _, head_dim = first.shape
-    # the pointer table changes every step (the cache reallocates on append): a 2·layers int64 upload
+    # one int64 per tensor: a ``KVBlock`` buffer is one tensor for all of a device's layers (it moves when it grows)
     pointers = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64).to(first.device)
     _gather_rows_kernel[(len(tensors), batch * heads)](
         pointers,
