@@ -134,7 +134,8 @@ class CausalLM:
     def cache_length(self) -> int:
         if self.static is not None:
             return self._length
-        return self.cache.length
+        cache = self.cache
+        return cache.length if isinstance(cache, BlockCache) else cache.get_seq_length()  # transformers' own: a benchmark's
 
     def use_static(self, mode: str, capacity: int) -> None:
         """Forwards with static shapes (``capture.py``) over a StaticCache of at least ``capacity`` rows; mode
