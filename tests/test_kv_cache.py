@@ -32,16 +32,16 @@ def test_rows_and_logits_equal_transformers_dynamic_cache(tiny_pair, monkeypatch
     _, target = tiny_pair
     lm = CausalLM(target.model)
     reference = DynamicCache(config=target.model.config)
-    prompt = random_prompt(1, length=30)
-    for chunk in (prompt[:6], prompt[6:7], prompt[7:20], prompt[20:]):  # capacity 8, then 20, then 40
+    prompt = random_prompt(1, length=40)
+    for chunk in (prompt[:6], prompt[6:7], prompt[7:20], prompt[20:]):  # capacity 9, then 30, then 60
         ours = lm.forward(chunk)
         start = reference.get_seq_length()
         positions = torch.arange(start, start + chunk.numel())[None]
         with torch.inference_mode():
             theirs = target.model(input_ids=chunk[None], position_ids=positions, cache=reference, use_cache=True).logits[0]
         torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
-    assert lm.cache_length == reference.get_seq_length() == 30
-    assert lm.cache.blocks[0].capacity == 40
+    assert lm.cache_length == reference.get_seq_length() == 40
+    assert lm.cache.blocks[0].capacity == 60
     for layer, expected in zip(lm.cache.layers, reference.layers, strict=True):
         torch.testing.assert_close(layer.keys, expected.keys, atol=1e-6, rtol=1e-6)
         torch.testing.assert_close(layer.values, expected.values, atol=1e-6, rtol=1e-6)
