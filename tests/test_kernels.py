@@ -141,3 +141,21 @@ def test_kv_commit_mixed_shapes_fall_back():
     lm.gather_rows(want, keep, 5)
     kv_commit.gather_rows(caches, keep, 5)
     assert all(torch.equal(c, w) for c, w in zip(caches, want, strict=True))
+
+
+def test_kv_commit_on_a_block_cache_equals_the_reference(tiny_pair):
+    """A ``KVBlock`` buffer (every layer's keys and values along the batch, capacity past the rows in use) is one
+    tensor to the kernel: a commit through it leaves the cache the torch reference leaves."""
+    _, target = tiny_pair
+    prompt = torch.randint(0, target.model.config.vocab_size, (14,), generator=torch.Generator().manual_seed(3))
+    caches = []
+    for gather in (lm.gather_rows, kv_commit.gather_rows):
+        model_lm = lm.CausalLM(target.model)
+        model_lm.forward(prompt)
+        model_lm.commit(torch.tensor([9, 11, 12]), 9, gather=gather)
+        caches.append(model_lm)
+    reference, ours = caches
+    assert ours.cache_length == reference.cache_length == 12
+    assert ours.cache.blocks[0].capacity > 12
+    for mine, theirs in zip(ours.cache.layers, reference.cache.layers, strict=True):
+        assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
