@@ -9,7 +9,9 @@
 #   3. host overhead and host-device synchronisations per step, per method (benchmarks/host_overhead.py;
 #      on CUDA the driver's own count too, and a second table with the forwards replayed from CUDA graphs);
 #   4. the CUDA-graph speedup of the verify and drafter forwards (benchmarks/compile_speedup.py: --compile off,
-#      static and cudagraphs on a Qwen3-8B-shaped target; every mode must give the same tokens).
+#      static and cudagraphs on a Qwen3-8B-shaped target; every mode must give the same tokens);
+#   5. tree steps on the block KV cache against transformers' DynamicCache on a 36-layer Qwen3-8B-shaped target
+#      after 2k and 16k tokens of context (benchmarks/kv_cache.py; logits compared).
 # Usage: benchmarks/gpu_check.sh [--device cuda|cpu] [--small]
 #   --device cpu --small is the smoke run that works anywhere (kernels interpreted, tiny shapes).
 # Exits non-zero when a check fails.
@@ -30,8 +32,10 @@ if [ "$DEVICE" = "cpu" ]; then
 fi
 if [ -n "$SMALL" ]; then
   NODES="8 32"; VOCAB="512"; REPS=2; REPEATS=1; NEW=16
+  KV="--shape small --layers 4 --contexts 64 512 --steps 2 --repeats 1"
 else
   NODES="16 32 64 128"; VOCAB="151936"; REPS=5; REPEATS=3; NEW=64
+  KV="--shape qwen3-8b --layers 36 --dtype bf16 --contexts 2048 16384"
 fi
 status=0
 started=$(date +%s)
@@ -58,6 +62,9 @@ fi
 
 step "4. CUDA-graph speedup of the verify and drafter forwards"
 python benchmarks/compile_speedup.py --device "$DEVICE" $SMALL || status=1
+
+step "5. tree steps on the block KV cache against transformers' DynamicCache"
+python benchmarks/kv_cache.py --device "$DEVICE" $KV || status=1
 
 echo
 if [ $status -eq 0 ]; then echo "gpu_check.sh: all checks passed in $(( $(date +%s) - started ))s"; else echo "gpu_check.sh: FAILED"; fi
