@@ -104,23 +104,10 @@ class BlockLayer(DynamicLayer):
         super().__init__()
         self.block, self.slot = block, slot
 
-    # ``keys`` and ``values`` read the block; transformers' own code sets them (to None) only on init and reset, where
-    # the block is what counts
-    @property
-    def keys(self) -> torch.Tensor | None:  # [batch, kv_heads, length, head_dim]
-        return self.block.rows(self.slot, False)
-
-    @keys.setter
-    def keys(self, _) -> None:
-        pass
-
-    @property
-    def values(self) -> torch.Tensor | None:  # [batch, kv_heads, length, head_dim]
-        return self.block.rows(self.slot, True)
-
-    @values.setter
-    def values(self, _) -> None:
-        pass
+    # ``keys`` and ``values`` ([batch, kv_heads, length, head_dim]) read the block; transformers' own code sets them
+    # (to None) only on init and reset, where the block is what counts
+    keys = property(lambda self: self.block.rows(self.slot, False), lambda self, _: None)
+    values = property(lambda self: self.block.rows(self.slot, True), lambda self, _: None)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device, self.is_initialized = key_states.device, True
