@@ -77,8 +77,10 @@ def gather_rows(
         return
     first = tensors[0]
     batch, heads, _, head_dim = first.shape
-    # one int64 per tensor: a ``KVBlock`` buffer is one tensor for all of a device's layers (it moves when it grows)
-    pointers = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64).to(first.device)
+    # one int64 per tensor: a ``KVBlock`` buffer is one tensor for all of a device's layers (it moves when it grows).
+    # Uploaded without blocking: a blocking upload from pageable memory waits for the stream (a synchronisation per
+    # commit); a non-blocking one is staged before the call returns, so the host list may go
+    pointers = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64).to(first.device, non_blocking=True)
     _gather_rows_kernel[(len(tensors), batch * heads)](
         pointers,
         keep_positions.contiguous().long(),
