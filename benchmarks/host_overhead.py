@@ -1,10 +1,11 @@
 """Micro-benchmark: host overhead and host-device synchronisations per step, per method.
 
-Host overhead is ``StepStats.host_overhead_s``: step time outside any model forward (tree building,
-masks, acceptance, KV commit, drafter bookkeeping). Synchronisations per step are counted twice: by the
-step itself (``HostReads``, what bench records) and by a ``SyncAuditor`` over a separate, untimed pass
-(every synchronising torch call outside model forwards; on CUDA also the driver's count). The two agree
-when the hot path reads nothing behind the counter's back.
+Host overhead is ``StepStats.host_overhead_s``: step time outside any model forward (tree building, masks,
+acceptance, KV commit, drafter bookkeeping); "of step" is its share of the whole step (forwards included), the
+figure that tells whether host work matters next to the device's forwards. Synchronisations per step are counted
+twice: by the step itself (``HostReads``, what bench records) and by a ``SyncAuditor`` over a separate, untimed pass
+(every synchronising torch call outside model forwards; on CUDA also the driver's count). The two agree when the hot
+path reads nothing behind the counter's back.
 
 Defaults are the tiny pair of issue 17: fp32, one thread, 4 prompts, 64 new tokens, N=16 D=4 K=4.
 Timings are the median and the fastest of ``--repeats`` passes in this process, taken round the methods so that a
@@ -51,11 +52,12 @@ def per_step(generations: list[Generation], value) -> float:
     return sum(value(step) for step in steps) / len(steps) if steps else 0.0
 
 
-def timed_pass(decoder, inputs: list[torch.Tensor], device: torch.device) -> tuple[float, float, int]:
-    """One pass over the prompts: mean host ms per step, mean accepted length, steps."""
+def timed_pass(decoder, inputs: list[torch.Tensor], device: torch.device) -> tuple[float, float, int, float]:
+    """One pass over the prompts: mean host ms per step, mean accepted length, steps, mean ms per whole step."""
     generations = [decoder.generate(p.to(device)) for p in inputs]
     steps = sum(len(g.steps) for g in generations)
-    return 1e3 * per_step(generations, lambda s: s.host_overhead_s), per_step(generations, lambda s: s.accepted_length), steps
+    step_ms = 1e3 * per_step(generations, lambda s: s.draft_s + s.verify_s + s.host_s)
+    return 1e3 * per_step(generations, lambda s: s.host_overhead_s), per_step(generations, lambda s: s.accepted_length), steps, step_ms
 
 
 def audit(decoder, inputs: list[torch.Tensor], device: torch.device) -> dict:
@@ -83,7 +85,7 @@ def measure(pipeline: Pipeline, configs: dict[str, DecodeConfig], inputs: list[t
     decoders = {name: pipeline.decoder(config) for name, config in configs.items()}
     for decoder in decoders.values():
         decoder.generate(inputs[0].to(device))  # warm-up: allocations, cost measurement, first-call paths
-    passes: dict[str, list[tuple[float, float, int]]] = {name: [] for name in decoders}
+    passes: dict[str, list[tuple[float, float, int, float]]] = {name: [] for name in decoders}
     for _ in range(repeats):
         for name, decoder in decoders.items():
             passes[name].append(timed_pass(decoder, inputs, device))
@@ -96,20 +98,21 @@ def measure(pipeline: Pipeline, configs: dict[str, DecodeConfig], inputs: list[t
             "host_ms_per_step": statistics.median(host_ms),
             "host_ms_best": min(host_ms),
             "host_ms_spread": max(host_ms) - min(host_ms),
+            "step_ms_per_step": statistics.median(p[3] for p in passes[name]),
             **audit(decoder, inputs, device),
         }
     return rows
 
 
 def table(rows: dict[str, dict]) -> str:
-    head = (f"{'method':<12} {'steps':>6} {'tau':>5} {'host ms/step':>13} {'best':>6} {'±':>6} {'syncs/step':>11} {'audited':>8} "
-            f"{'torch calls':>12}")
+    head = (f"{'method':<12} {'steps':>6} {'tau':>5} {'host ms/step':>13} {'best':>6} {'±':>6} {'of step':>8} {'syncs/step':>11} "
+            f"{'audited':>8} {'torch calls':>12}")
     lines = [head, "-" * len(head)]
     for name, r in rows.items():
         driver = f" driver {r['driver_syncs_per_step']:.2f}" if r["driver_syncs_per_step"] is not None else ""
         lines.append(
             f"{name:<12} {r['steps']:>6} {r['tau']:>5.2f} {r['host_ms_per_step']:>13.3f} {r['host_ms_best']:>6.3f} {r['host_ms_spread']:>6.3f} "
-            f"{r['syncs_per_step']:>11.2f} {r['audited_syncs_per_step']:>8.2f} {r['torch_calls_per_step']:>12.1f}{driver}"
+            f"{r['host_ms_per_step'] / r['step_ms_per_step']:>8.1%} {r['syncs_per_step']:>11.2f} {r['audited_syncs_per_step']:>8.2f} {r['torch_calls_per_step']:>12.1f}{driver}"
         )
     return "\n".join(lines)
 
