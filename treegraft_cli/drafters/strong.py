@@ -49,7 +49,7 @@ class TreeDrafter(ModelDrafter):
         tree: DraftTree,
         nodes: torch.Tensor,  # [m] ascending node indices; each node's ancestors are forwarded or in ``nodes``
         rows: torch.Tensor,  # [num_nodes] log-prob row per node, -1 when none; updated in place
-        ancestor_mask: torch.Tensor,  # [num_nodes, num_nodes]
+        ancestor_mask: torch.Tensor | None,  # [num_nodes, num_nodes]; None: the tree's whole buffers (``show_tree``)
     ) -> None:
         """Forward the pending committed tokens and ``nodes`` in one pass; record slots and log-prob rows."""
         length = committed.shape[0]
@@ -99,7 +99,7 @@ class TreeDrafter(ModelDrafter):
         self,
         tree: DraftTree,
         nodes: torch.Tensor,  # [m] node indices, their cache rows to be written at cache_length + p ..
-        ancestor_mask: torch.Tensor,  # [num_nodes, num_nodes]
+        ancestor_mask: torch.Tensor | None,  # [num_nodes, num_nodes]; None: the tree's whole buffers
         length: int,  # committed tokens, pending ones included
         p: int,  # pending committed tokens forwarded first
         total: int,  # cache rows after the forward

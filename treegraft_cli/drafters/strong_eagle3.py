@@ -73,7 +73,7 @@ class Eagle3TreeDrafter(Eagle3Drafter):
         tree: DraftTree,
         nodes: torch.Tensor,  # [m] node indices to forward (with any ancestor lacking a row)
         rows: torch.Tensor,  # [num_nodes] log-prob row per node, -1 when none; updated in place
-        ancestor_mask: torch.Tensor,  # [num_nodes, num_nodes]
+        ancestor_mask: torch.Tensor | None,  # [num_nodes, num_nodes]; None: the tree's own
     ) -> None:
         """Root row (first call of a step), then ``nodes`` depth by depth; record slots, rows and log-probs."""
         length = committed.shape[0]
@@ -82,7 +82,7 @@ class Eagle3TreeDrafter(Eagle3Drafter):
             self.root_length = length
             self.logp_rows.keep(0)
             self.logp_rows.append(self._to_target(self.row_logits))  # the root row
-        self.forward_missing(tree, nodes, ancestor_mask)
+        self.forward_missing(tree, nodes, tree.ancestor_mask() if ancestor_mask is None else ancestor_mask)
         fresh = self.row_logits[self.logp_rows.count :]
         if fresh.shape[0]:
             self.logp_rows.append(self._to_target(fresh))

@@ -103,7 +103,8 @@ def run_strong_layers(
     open_scores = torch.full((capacity,), float("-inf"), device=device)  # [capacity] -inf: expanded or never written
     spread = torch.arange(k, device=device).repeat_interleave(k)  # [K·K] each position once per child
     positions, position_scores = side[:1].new_zeros(1), tree.scores[:1]  # layer 1 grafts under the root
-    strong.forward(committed, tree, rows[:0], rows, tree.ancestor_mask())  # the pending tokens: the root's row
+    # masks from the tree's whole buffers (no ancestor-mask view per call): rows past its nodes hold no ancestors
+    strong.forward(committed, tree, rows[:0], rows, None)  # the pending tokens: the root's row
     for layer in range(1, plan.layers + 1):
         if layer > 1:
             n, lowest = plan.nodes_before(layer), max(0, layer - lookback)
@@ -111,7 +112,7 @@ def run_strong_layers(
             window = open_scores[:n] if not lowest else torch.where(tree.depths >= lowest, open_scores[:n], float("-inf"))
             ranked = torch.sort(window, descending=True, stable=True)  # ties to the lower index, as ``best``
             positions, position_scores = ranked.indices[:k], ranked.values[:k]
-            strong.forward(committed, tree, positions.sort().values, rows, tree.ancestor_mask())
+            strong.forward(committed, tree, positions.sort().values, rows, None)
         top_logp, top_tokens = strong.logp_rows.top(rows.index_select(0, positions), k)  # [p, K] twice
         # the positions' scores are already the strong drafter's: see the module docstring
         child_scores = (top_logp + position_scores[:, None]).view(-1)  # [p·K]
