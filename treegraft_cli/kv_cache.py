@@ -20,10 +20,14 @@ committed layer by layer.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import DynamicCache, PretrainedConfig
+from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 MIN_CAPACITY = 256  # rows a block holds at first, at least: a prompt and a few steps without growing
 
@@ -141,7 +145,7 @@ class BlockCache(DynamicCache):
     ``device_map="auto"``); None: one block for every full-attention layer.
     """
 
-    def __init__(self, config: PretrainedConfig, layer_devices: Sequence[torch.device] | None = None):
+    def __init__(self, config: PreTrainedConfig, layer_devices: Sequence[torch.device] | None = None):
         super().__init__(config=config)
         full = [i for i, layer in enumerate(self.layers) if type(layer) is DynamicLayer]
         devices = [None if layer_devices is None else layer_devices[i] for i in full]
