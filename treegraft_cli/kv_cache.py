@@ -133,7 +133,7 @@ class BlockLayer(DynamicLayer):
         self.block.crop(self.block.length + tokens_to_remove)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        raise NotImplementedError("a KVBlock cache holds one batch: beam search is not what it is for")
+        raise TypeError("a BlockCache keeps the batch it was filled with; beam search needs transformers' DynamicCache")
 
     batch_select_indices = reorder_cache = batch_repeat_interleave
 

@@ -338,24 +338,15 @@ class CausalLM:
 
     def _row_tensors(self) -> list[torch.Tensor]:
         """Every tensor holding cache rows on dim -2: the blocks' buffers, then the other layers' keys and values."""
-        cache = self.cache
-        if not isinstance(cache, BlockCache):
-            return [t for layer in self._filled_layers() for t in (layer.keys, layer.values)]
-        tensors = [block.buffer for block in cache.blocks if block.buffer is not None]
-        for layer in cache.other_layers:
-            if getattr(layer, "is_initialized", True) and layer.keys is not None:
-                tensors.extend((layer.keys, layer.values))
-        return tensors
+        blocks = self.cache.blocks if isinstance(self.cache, BlockCache) else []
+        buffers = [block.buffer for block in blocks if block.buffer is not None]
+        return buffers + [t for layer in self._filled_layers() for t in (layer.keys, layer.values)]
 
     def crop(self, length: int) -> None:
         """Keep the first ``length`` cache rows."""
-        cache = self.cache
-        if isinstance(cache, BlockCache):
-            for block in cache.blocks:
+        if isinstance(self.cache, BlockCache):
+            for block in self.cache.blocks:
                 block.crop(length)
-            self._crop_layers([layer for layer in cache.other_layers if layer.is_initialized and layer.keys is not None],
-                              length)
-            return
         self._crop_layers(self._filled_layers(), length)
 
     def _rewind(self) -> None:
@@ -364,7 +355,9 @@ class CausalLM:
             self._crop_layers(self._filled_layers(), self._length)
 
     def _filled_layers(self) -> list:
-        return [layer for layer in self.cache.layers if getattr(layer, "is_initialized", True) and layer.keys is not None]
+        """Layers whose own keys and values hold rows: a block cache's other kinds, every layer of any other cache."""
+        layers = self.cache.other_layers if isinstance(self.cache, BlockCache) else self.cache.layers
+        return [layer for layer in layers if getattr(layer, "is_initialized", True) and layer.keys is not None]
 
     def _crop_layers(self, layers: Sequence, end: int) -> None:
         if self.static is not None:  # a static cache keeps its tensors: only the write position moves back
