@@ -19,11 +19,16 @@ Set-up that gives the test power (a wrong rule changes the law only where drafts
   it were alone, and draw the bonus from the full p instead of the residual) must exceed the bound.
 Methods never see the sampling settings (drafts are built before the uniforms are drawn, only the
 verifier reads them), so the two settings, top-k and top-k with top-p, alternate over the methods.
-Draws are seeded. The step rule's choices also depend on measured times, so its trees may differ from run
-to run; the law of the tokens may not, which is the point.
+Draws are seeded. TreeGraft's call policies decide from measured times; here they run on given costs
+(``verify_ms``, ``strong_ms``) and a clock that advances one millisecond per read, so their trees, and
+the test's power, are the same on every machine (a slow CI runner once measured its way to root-only
+steps).
 """
 
 from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -46,6 +51,7 @@ TREE = TreeConfig(budget=12, depth=3, top_k=3)
 TOP_K = SamplingConfig(temperature=1.0, top_k=2)
 TOP_K_TOP_P = SamplingConfig(temperature=0.6, top_k=4, top_p=0.5)  # top-p drops 2 of the 4 tokens top-k keeps
 LEVEL = 0.999  # quantile of the null distance used as the bound
+GIVEN_COSTS = {"verify_ms": 1.0, "strong_ms": 0.2}  # TreeGraft's costs, given so that no warm-up times them
 pytestmark = pytest.mark.usefixtures("one_thread")
 # (id, method, method options, drafter, sampling)
 CASES = [
@@ -149,6 +155,12 @@ def learned_artifact(directory, early: bool = True) -> str:
     return str(path)
 
 
+def counting_clock() -> Callable[[], float]:
+    """A clock for the call policies that advances one millisecond per read (seconds, like ``time.perf_counter``)."""
+    reads = itertools.count()
+    return lambda: next(reads) / 1000.0
+
+
 def eagle3_head(target: LoadedModel, prompt: torch.Tensor) -> Eagle3Head:
     """A random head drafting from 8 tokens: the ones the target may sample after the prompt, then random ones."""
     likely = [t for cell in exact_law(target.model, prompt, TOP_K) for t in cell]
@@ -183,12 +195,18 @@ def test_method_samples_like_the_target(method, options, drafter, sampling, pair
     if drafter == "eagle3":
         draft_model = LoadedModel("eagle3:random", eagle3_head(target, prompt), target.tokenizer)
     options = {k: learned_artifact(tmp_path) if v == "LEARNED" else v for k, v in options.items()}
+    if method == "treegraft":
+        options |= GIVEN_COSTS
     config = DecodeConfig(method=method, tree=TREE, sampling=sampling, max_new_tokens=NEW, method_options=options)
     shared: dict = {}  # the treegraft warm-up measures costs once for both decoders
 
     def decoder(backend: VerifyBackend) -> SpeculativeDecoder:
         drafter_lm = CausalLM(draft_model.model) if drafter else None
-        return SpeculativeDecoder(CausalLM(target.model), config, drafter=drafter_lm, backend=backend, measurements=shared)
+        built = SpeculativeDecoder(CausalLM(target.model), config, drafter=drafter_lm, backend=backend, measurements=shared)
+        policy = getattr(built.method, "policy", None)
+        if hasattr(policy, "clock"):
+            policy.clock = counting_clock()
+        return built
 
     law = exact_law(target.model, prompt, sampling)
     outcomes, accepted, calls = sample(decoder(VerifyBackend()), prompt, DRAWS)
