@@ -63,7 +63,7 @@ def show_tree(
 class ModelDrafter:
     name = "model"  # key of its call count in the step statistics
     # its forwards need only tokens, a depth and what each sees (``forward_block``): no tree, so ``dense`` drafts
-    # on its fixed layout (``methods.dense_layout``)
+    # on its fixed layout (``drafters.dense_layout``)
     forwards_blocks = True
 
     def __init__(self, lm: CausalLM):

@@ -14,7 +14,7 @@ from ..syncs import host_value
 from ..tree import ORIGIN_MODEL, DraftTree, RootTrees
 from ..verify import Verdict
 from .base import Method, Models, Observation, register
-from .dense_layout import DenseDraft, DenseLayout
+from ..drafters.dense_layout import DenseDraft, DenseLayout
 
 
 def forwarded_prefix(slots: list[int], accepted: list[int]) -> int:  # slots: [num_nodes], accepted: root excluded

@@ -23,10 +23,10 @@ from collections.abc import Iterator
 
 import torch
 
-from ..drafters.logp_rows import log_softmax_float32
-from ..drafters.model import ModelDrafter
 from ..lm import on_device_of
 from ..tree import ORIGIN_MODEL, ORIGIN_ROOT, DraftTree, best_by_score, reindex_parents
+from .logp_rows import log_softmax_float32
+from .model import ModelDrafter
 
 
 class DenseLayout:
