@@ -1,6 +1,6 @@
 """Strong layers run on the device from layer 1 on (``grafting.strong_run``): the same trees as the host layer
 loop, node for node and score for score, with one read for the whole run, or none when the run covers every layer
-and nothing reads the tree on the host (``all-mid``)."""
+and nothing reads the tree on the host (``all-mid``, drafted on the dense layout: ``drafters.dense_layout.OpenLayout``)."""
 
 from __future__ import annotations
 

@@ -74,14 +74,14 @@ def test_tree_methods_without_strong_calls_read_once_per_step(tiny_self_pair):
 # makes on this prompt, so an extra op per node or per layer shows.
 CALLS_PER_STEP = {
     "ar": 30,
-    "chain": 152,
-    "dense": 185,
-    "ngram": 46,
-    "adjacency": 216,
-    "graft": 295,
-    "all-small": 92,
-    "all-mid": 330,
-    "fixed:1,3": 275,
+    "chain": 136,
+    "dense": 155,
+    "ngram": 44,
+    "adjacency": 195,
+    "graft": 270,
+    "all-small": 77,
+    "all-mid": 225,
+    "fixed:1,3": 238,
     "treegraft": 380,  # more slack: the step rule's choices follow measured times
 }
 

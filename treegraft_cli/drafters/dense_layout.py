@@ -70,9 +70,9 @@ class DenseLayout:
         """Draft layer by layer, yielding the pool after each of the D layers (one object, grown in place): a
         caller that stops early (``graft``'s checkpoints) spares the forwards of the layers after."""
         k, drafter = self.width, self.drafter
-        root_logits = drafter.begin_step(committed)  # [vocab]
+        root_logp = drafter.begin_step_logp(committed)  # [1, vocab]
         drafted = DenseDraft(self, committed[-1:], drafter.committed_length)
-        logp, children = torch.topk(log_softmax_float32(root_logits[None]), k, dim=-1)  # [1, K]
+        logp, children = torch.topk(root_logp, k, dim=-1)  # [1, K]
         scores, tokens = logp.view(-1), children.view(-1)  # the root's score is 0: its children score their own
         drafted.add_layer(tokens, scores)
         yield drafted
@@ -89,6 +89,17 @@ class DenseLayout:
             tokens = children.view(-1)
             drafted.add_layer(tokens, scores)
             yield drafted
+
+    def parents_and_forwarded(
+        self, drafted: DenseDraft, n: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [n] parents (root −1), [F · K] forwarded nodes in forward order
+        """The parent of each of the first ``n`` nodes and the nodes the layers forwarded (None before any did)."""
+        forwarded_layers = len(drafted.frontiers)
+        if not forwarded_layers:
+            return self.first_parents, None
+        forwarded = (torch.stack(drafted.frontiers) + _prefix(self.block_firsts, forwarded_layers)).view(-1)  # [F · K]
+        parents = torch.cat([self.first_parents, forwarded.index_select(0, _prefix(self.spread, n - 1 - self.width))])
+        return parents, forwarded
 
     def tree(
         self,
@@ -118,6 +129,90 @@ class DenseLayout:
         return DraftTree.from_parts(parts, n)
 
 
+class OpenLayout(DenseLayout):
+    """TreeGraft's strong drafter called at every layer from the root (``all-mid``: the run of
+    ``grafting.strong_run`` over every layer, nothing read on the host) drafted on the dense tree's layout.
+
+    Layer 1 is EAGLE-2's. Every later layer forwards the K best *open* nodes of the pool (not forwarded yet, depth
+    at least the run's layer minus ``lookback``) wherever they hang, not only the last layer's children, and hangs
+    each one's top-K children under it. The pool's blocks, depths and drafter cache rows are the dense layout's;
+    which node a layer forwards, and so each child's parent, depends on the logits. A forwarded node's parent may
+    come from any earlier layer, so lineage (the step's cache rows a node sees) is kept per pool node.
+
+    It drafts ``run_strong_layers``'s tree node for node and bit for bit (tests/test_strong_run.py): the root's
+    row from ``TreeDrafter.forward``'s pending-token forward, each layer's positions ranked by one stable sort
+    (ties to the lower index) and forwarded in ascending node order, children in rank order. What it spares is the
+    tree: no node is written and no ancestor mask kept until the cut (about a third of the run's tensor calls).
+
+    The pool's tokens, parents, open scores and lineage live in buffers kept across steps: every entry a step
+    reads it has written that step, or holds the layout's constant (the root's parent, its children's, its
+    lineage).
+    """
+
+    def __init__(self, drafter: ModelDrafter, depth: int, width: int, budget: int, lookback: int):
+        super().__init__(drafter, depth, width, budget)
+        device, k, size = drafter.device, width, 1 + self.pool_size
+        self.lookback = lookback
+        self.child_spread = torch.arange(k, device=device).repeat_interleave(k)  # [K · K] each position once per child
+        step_rows = (depth - 1) * k
+        # the bits of the rows layer f's forwarded nodes take, node j of the layer row (f − 1) · K + j
+        self.own_rows = [torch.zeros(k, step_rows, dtype=torch.bool, device=device) for _ in range(depth - 1)]
+        for f, own in enumerate(self.own_rows):
+            own[:, f * k : (f + 1) * k] = self.eye
+        self.pool_tokens = torch.zeros(size, dtype=torch.long, device=device)  # [1 + P]
+        self.pool_parents = torch.zeros(size, dtype=torch.long, device=device)  # [1 + P] the root's children: 0
+        self.pool_parents[0] = -1
+        self.open_scores = torch.full((size,), float("-inf"), device=device)  # [1 + P] −inf: the root, forwarded
+        self.lineage = torch.zeros(size, step_rows, dtype=torch.bool, device=device)  # [1 + P, rows] the root: none
+
+    def layers(self, committed: torch.Tensor) -> Iterator[DenseDraft]:  # committed: [L], root last
+        k, drafter = self.width, self.drafter
+        logp, children = torch.topk(drafter.begin_step_logp(committed), k, dim=-1)  # [1, K]
+        drafted = DenseDraft(self, committed[-1:], drafter.committed_length)
+        scores, tokens = logp.view(-1), children.view(-1)  # the root's score is 0: its children score their own
+        self._write_block(1, tokens, scores)
+        drafted.add_layer(tokens, scores)
+        yield drafted
+        for layer in range(1, self.depth):
+            n = 1 + self.pool_nodes(layer)  # nodes so far, root included
+            picked, picked_scores = self._positions(n, layer + 1)  # [K] best first
+            ascending = torch.sort(picked)
+            forwarded = ascending.values
+            sees = self.lineage.index_select(0, self.pool_parents.index_select(0, forwarded))  # [K, rows]
+            sees.bitwise_or_(self.own_rows[layer - 1])
+            self.lineage.index_copy_(0, forwarded, sees)
+            logits = drafter.forward_block(self.pool_tokens.index_select(0, forwarded),
+                                           self.depths.index_select(0, forwarded), sees[:, : layer * k])
+            logp, children = torch.topk(log_softmax_float32(logits), k, dim=-1)  # [K, K] in forward order
+            by_rank = torch.argsort(ascending.indices)  # row of each position, best first
+            logp, children = logp.index_select(0, by_rank), children.index_select(0, by_rank)
+            scores = (logp + picked_scores[:, None]).view(-1)  # [K · K] cumulative, parent by parent
+            tokens = children.view(-1)
+            self.pool_parents[n : n + k * k] = picked.index_select(0, self.child_spread)
+            self._write_block(n, tokens, scores)
+            self.open_scores.index_fill_(0, picked, float("-inf"))
+            drafted.frontiers.append(forwarded)
+            drafted.add_layer(tokens, scores)
+            yield drafted
+
+    def _positions(self, n: int, run_layer: int) -> tuple[torch.Tensor, torch.Tensor]:  # [K] nodes and scores
+        """The K best open nodes among the first ``n``, best first, within the lookback of the run's layer."""
+        window = self.open_scores[:n]
+        lowest = run_layer - self.lookback
+        if lowest > 0:
+            window = torch.where(self.depths[:n] >= lowest, window, float("-inf"))
+        ranked = torch.sort(window, descending=True, stable=True)
+        return ranked.indices[: self.width], ranked.values[: self.width]
+
+    def _write_block(self, first: int, tokens: torch.Tensor, scores: torch.Tensor) -> None:  # [m] twice
+        self.pool_tokens[first : first + tokens.shape[0]] = tokens
+        self.open_scores[first : first + scores.shape[0]] = scores
+
+    def parents_and_forwarded(self, drafted: DenseDraft, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        forwarded = torch.cat(drafted.frontiers) if drafted.frontiers else None  # node indices, forward order
+        return _prefix(self.pool_parents, n), forwarded
+
+
 class DenseDraft:
     """The layers of one step's dense tree drafted so far. Answers what a ``DraftTree`` of the pool would
     (``size``, ``top_by_score``) without writing one until asked."""
@@ -128,7 +223,9 @@ class DenseDraft:
         self.first_row = first_row  # the drafter cache row of the first forwarded node
         self.tokens: list[torch.Tensor] = []  # per layer: [K] (layer 1), then [K · K]
         self.scores: list[torch.Tensor] = []  # the same shapes, float32 cumulative log-probs
-        self.frontiers: list[torch.Tensor] = []  # per forwarded layer: [K] picked offsets in its block, best first
+        # per forwarded layer, [K]: the picked offsets in its block, best first (``DenseLayout``); the forwarded nodes,
+        # in forward order (``OpenLayout``)
+        self.frontiers: list[torch.Tensor] = []
 
     def add_layer(self, tokens: torch.Tensor, scores: torch.Tensor) -> None:
         self.tokens.append(tokens)
@@ -147,13 +244,12 @@ class DenseDraft:
         """``DraftTree.top_by_score`` of the pool so far: its columns in the generic builder's node order, cut to the
         ``budget`` best nodes. ``capacity``: room for that many nodes (root included), for a caller that appends
         (``graft``); else exactly the nodes."""
-        layout, n, forwarded_layers = self.layout, 1 + self.size, len(self.frontiers)
+        layout, n = self.layout, 1 + self.size
         tokens = torch.cat([on_device_of(self.root, self.tokens[0].device), *self.tokens])  # [1 + P]
         scores = torch.cat([layout.root_score, *self.scores])  # [1 + P]
-        parents, slots = layout.first_parents, _prefix(layout.no_rows, n).clone()
-        if forwarded_layers:
-            forwarded = (torch.stack(self.frontiers) + _prefix(layout.block_firsts, forwarded_layers)).view(-1)  # [F · K]
-            parents = torch.cat([parents, forwarded.index_select(0, _prefix(layout.spread, n - 1 - layout.width))])
+        parents, forwarded = layout.parents_and_forwarded(self, n)
+        slots = _prefix(layout.no_rows, n).clone()
+        if forwarded is not None:
             slots.index_copy_(0, forwarded, _prefix(layout.forward_rows, forwarded.shape[0]) + self.first_row)
         depths = _prefix(layout.depths, n)
         columns = torch.stack([tokens, parents, depths, slots])  # [4, 1 + P], DraftTree's int64 block

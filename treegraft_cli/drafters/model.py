@@ -13,6 +13,7 @@ import torch
 from ..lm import CausalLM, on_device_of
 from ..syncs import host_value, read
 from ..tree import DraftTree
+from .logp_rows import log_softmax_float32
 
 
 def tree_visibility(
@@ -89,6 +90,10 @@ class ModelDrafter:
         self.committed_length = committed.shape[0]
         return logits[-1]
 
+    def begin_step_logp(self, committed: torch.Tensor) -> torch.Tensor:  # committed: [L], root last -> [1, vocab]
+        """``begin_step``'s root row as float32 log-probs."""
+        return log_softmax_float32(self.begin_step(committed)[None])
+
     def forward_nodes(
         self,
         tree: DraftTree,
@@ -111,8 +116,8 @@ class ModelDrafter:
 
     def forward_block(
         self,
-        tokens: torch.Tensor,  # [m] nodes of one depth
-        depth: int,
+        tokens: torch.Tensor,  # [m]
+        depth: int | torch.Tensor,  # the nodes' depth, or each node's ([m])
         lineage: torch.Tensor,  # [m, step_rows] bool: this step's cache rows each node sees, its own (the last m) included
     ) -> torch.Tensor:
         """Forward ``m`` nodes at ``depth`` whose ancestors' rows are this step's earlier rows; logits ``[m, vocab]``.
@@ -122,7 +127,10 @@ class ModelDrafter:
         """
         visible, hidden = self.lm.mask_values()
         mask = torch.nn.functional.pad(torch.where(lineage, visible, hidden), (self.committed_length, 0))
-        positions = torch.full((tokens.shape[0],), self.committed_length - 1 + depth, device=self.device)
+        if isinstance(depth, int):
+            positions = torch.full((tokens.shape[0],), self.committed_length - 1 + depth, device=self.device)
+        else:
+            positions = depth + (self.committed_length - 1)
         logits = self.lm.forward(tokens, positions, mask=mask)
         self.calls += 1
         return logits

@@ -46,9 +46,9 @@ class TreeDrafter(ModelDrafter):
     def forward(
         self,
         committed: torch.Tensor,  # [L] committed tokens, root last
-        tree: DraftTree,
+        tree: DraftTree | None,  # None when there are no nodes
         nodes: torch.Tensor,  # [m] ascending node indices; each node's ancestors are forwarded or in ``nodes``
-        rows: torch.Tensor,  # [num_nodes] log-prob row per node, -1 when none; updated in place
+        rows: torch.Tensor | None,  # [num_nodes] log-prob row per node, -1 when none; updated in place (None: not kept)
         ancestor_mask: torch.Tensor | None,  # [num_nodes, num_nodes]; None: the tree's whole buffers (``show_tree``)
     ) -> None:
         """Forward the pending committed tokens and ``nodes`` in one pass; record slots and log-prob rows."""
@@ -58,7 +58,7 @@ class TreeDrafter(ModelDrafter):
         p, m = length - self.committed_length, nodes.shape[0]
         pending = on_device_of(committed[self.committed_length :], self.device) if p else None
         if p + m == 0:
-            if self.logp_rows.count:  # a redraft of this step's first call: the kept root row is all it needs
+            if self.logp_rows.count and rows is not None:  # a redraft of this step's first call: the kept root row
                 rows[0] = 0
             return
         cache_length = self.lm.cache_length
@@ -81,9 +81,17 @@ class TreeDrafter(ModelDrafter):
             self.logp_rows.keep(0)
             self.root_length = length
         first = self.logp_rows.append(logits) + (1 if p else 0)  # the nodes' first row
+        if rows is None:
+            return
         rows[0] = 0
         if m:
             rows.index_copy_(0, nodes, torch.arange(first, first + m, device=rows.device))
+
+    def begin_step_logp(self, committed: torch.Tensor) -> torch.Tensor:  # committed: [L], root last -> [1, vocab]
+        """The root's log-probs from the pending committed tokens forwarded as ``forward`` forwards them (row 0 of
+        ``logp``, kept for a redraft of the step)."""
+        self.forward(committed, None, committed[:0], None, None)
+        return self.logp[:1]
 
     def _pending_mask(self, p: int, total: int) -> torch.Tensor:  # -> [p, total] additive
         """The pending committed tokens' rows: the committed rows, the cache rows of this step hidden (none at a

@@ -35,6 +35,7 @@ import torch
 
 from ..config import TreeConfig
 from ..drafters import StrongDrafter
+from ..drafters.dense_layout import OpenLayout
 from ..drafters.logp_rows import LogProbRows
 from ..drafters.ngram import Continuation, NgramIndex, TargetLogProbCache
 from ..hostlists import flags as host_flags
@@ -138,6 +139,9 @@ class LayerLoop:
         self.target_logp = target_logp
         self.strong = strong
         self.roots = RootTrees()
+        # a strong run over every layer, drafted on the dense layout when the drafter forwards blocks without a tree
+        self.layout = (OpenLayout(strong, tree_config.depth, tree_config.top_k, tree_config.budget, options.lookback)
+                       if strong is not None and strong.forwards_blocks else None)
         # what a layer that finds no chains hands on, the same (never written) empty tensors every time:
         # node indices [0], chain tokens [0, 1], their log-probs [0, 1]
         self.nothing = (torch.empty(0, dtype=torch.long), torch.empty(0, 1, dtype=torch.long), torch.empty(0, 1))
@@ -165,8 +169,8 @@ class LayerLoop:
         record: bool = False,
         history: tuple[float, ...] = (),
         device_tree: bool = False,
-    ) -> tuple[DraftTree, list[LayerRecord], Growth]:
-        """The cut tree, one record per layer, and the uncut growth state (for inspection and tests).
+    ) -> tuple[DraftTree, list[LayerRecord], int]:
+        """The cut tree, one record per layer, and how many nodes the weak drafter expanded.
 
         ``history``: what the recent steps measured (``StepHistory.values()``), handed to the policy's state.
         ``device_tree``: the caller reads nothing of the tree on the host, so a strong run over every layer may hand
@@ -188,9 +192,9 @@ class LayerLoop:
             plan = self.run_plan(committed, policy) if call and layer == 1 and not forced and not record else None
             if plan is not None:
                 records = [LayerRecord(called, True, False, None) for called in range(1, plan.layers + 1)]
-                if device_tree and plan.layers == self.shape.depth and not policy.reads_verified_tree:
-                    tree, g = self.strong_tree(plan, committed)
-                    return tree, records, g
+                every_layer = plan.layers == self.shape.depth and self.layout is not None
+                if device_tree and every_layer and not policy.reads_verified_tree:
+                    return self.strong_tree(committed), records, 0
                 g = Growth.after_run(run_strong_layers(plan, self.strong, committed, self.index.context[-1],
                                                        self.options.lookback, self.roots), plan.layers)
                 layer = plan.layers + 1
@@ -206,7 +210,7 @@ class LayerLoop:
             layer += 1
         with host_only():
             tree = policy.trim(cut_to_budget(g.tree, self.shape.budget), costs, self.shape.budget)
-        return tree, records, g
+        return tree, records, g.weak_expansions
 
     def run_plan(self, committed: torch.Tensor, policy: CallPolicy) -> RunPlan | None:
         """Once ``policy`` decided to call at layer 1: the device run of the layers it calls from there on whatever
@@ -220,16 +224,15 @@ class LayerLoop:
             return None
         return plan_run(layers, self.shape.top_k, self.pool, self.options.max_depth)
 
-    def strong_tree(self, plan: RunPlan, committed: torch.Tensor) -> tuple[DraftTree, Growth]:
-        """The cut tree and the growth of a strong run over every layer, on the strong drafter's device: no read.
+    def strong_tree(self, committed: torch.Tensor) -> DraftTree:
+        """The cut tree of a strong run over every layer, on the strong drafter's device: no read. Drafted on the
+        dense layout (``OpenLayout``: ``run_strong_layers``'s tree, no node written before the cut).
 
         ``cut_to_budget`` caps each score by its ancestors' before ranking; a run's scores need no cap (each child's is
         its parent's plus a log-prob, never above it), so the cut is ``DraftTree.top_by_score``'s, node for node. The
         policy keeps the cut tree (no trim)."""
-        run = run_strong_layers(plan, self.strong, committed, self.index.context[-1], self.options.lookback, self.roots,
-                                read=False)
-        growth = Growth(run.tree, run.frontier, run.expanded, set(), run.rows, list(range(1, plan.layers + 1)))
-        return run.tree.top_by_score(self.shape.budget), growth
+        *_, drafted = self.layout.layers(committed)
+        return drafted.top_by_score(self.shape.budget)
 
     def strong_lag(self, committed: torch.Tensor) -> int:
         """Committed tokens the strong drafter has yet to forward (the whole prompt before its first call)."""

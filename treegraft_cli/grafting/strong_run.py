@@ -20,8 +20,9 @@ value of that row's top-K), which is what rescoring would sum again, in the same
 the run continue on the host (``LayerLoop.build``).
 
 A run over every layer of the step, for a policy that neither trims the cut tree nor learns from it on the host
-(``CallPolicy.reads_verified_tree``: ``all-mid``), stays on the device to the end (``read=False``) and is cut
-there: the step then reads only the verdict.
+(``CallPolicy.reads_verified_tree``: ``all-mid``), needs no read at all: the layer loop drafts it on the dense
+layout instead (``drafters.dense_layout.OpenLayout``, the same tree without writing one) and cuts it on the device;
+the step then reads only the verdict.
 """
 
 from __future__ import annotations
@@ -70,12 +71,12 @@ def plan_run(layers: int, width: int, pool: int, max_depth: int) -> RunPlan | No
 
 @dataclass(frozen=True)
 class RunResult:
-    """The run's tree and side columns (``Growth``'s): on the host after the read, on the device when not read."""
+    """The run's tree and side columns (``Growth``'s), on the host."""
 
     tree: DraftTree
     rows: torch.Tensor  # [num_nodes] long: each node's strong log-prob row, -1 if never forwarded
     expanded: torch.Tensor  # [num_nodes] bool: the strong drafter grafted this node's children
-    frontier: torch.Tensor  # [K] the last layer's K best children; none when not read (no layer follows)
+    frontier: torch.Tensor  # [K] the last layer's K best children
 
 
 def run_strong_layers(
@@ -85,10 +86,9 @@ def run_strong_layers(
     root_token: int,
     lookback: int,
     roots: RootTrees,
-    read: bool = True,
 ) -> RunResult:
     """Strong layers 1..``plan.layers`` of one step on ``strong``'s device, read by the host once at the end for the
-    layers after them; ``read=False``: left on the device, for a run with no layer after it (no read).
+    layers after them.
 
     In a run a layer's grafting positions are exactly the nodes it forwarded, best first: every node forwarded
     earlier was expanded by its own layer, so the forwarded-and-unexpanded candidates of a layer are the K it just
@@ -121,9 +121,6 @@ def run_strong_layers(
         open_scores[first : first + child_scores.shape[0]] = child_scores
         open_scores.index_fill_(0, positions, float("-inf"))
         expanded.index_fill_(0, positions, 1)
-    if not read:
-        n = tree.num_nodes
-        return RunResult(tree, side[:n], side[capacity : capacity + n] > 0, side[:0])
     last = plan.nodes_before(plan.layers)  # the last layer's children: their K best are the frontier
     torch.add(best(tree.scores[last:], None, k), last, out=side[2 * capacity :])
     return _to_host(tree, side)

@@ -9,12 +9,12 @@ import torch
 
 from ..config import DecodeConfig
 from ..drafters import make_model_drafter
+from ..drafters.dense_layout import DenseDraft, DenseLayout
 from ..drafters.logp_rows import log_softmax_float32
 from ..syncs import host_value
 from ..tree import ORIGIN_MODEL, DraftTree, RootTrees
 from ..verify import Verdict
 from .base import Method, Models, Observation, register
-from ..drafters.dense_layout import DenseDraft, DenseLayout
 
 
 def forwarded_prefix(slots: list[int], accepted: list[int]) -> int:  # slots: [num_nodes], accepted: root excluded

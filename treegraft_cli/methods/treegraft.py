@@ -162,13 +162,12 @@ class TreeGraftMethod(Method):
         Safe to call several times for one step (``collect`` tries call and skip at a layer): the strong
         drafter's cache is cropped back to the committed context each time.
         """
-        tree, records, growth = self.loop.build(
+        tree, records, self.weak_expansions = self.loop.build(
             committed, policy or self.policy, self.costs, self.prompt_length, forced, record,
             self.history.values() if self.history is not None else (), device_tree,
         )
         self.built_tree = tree  # the last tree built is the one verified: observe learns from it
         self.last_records = records
-        self.weak_expansions = growth.weak_expansions
         return tree, records
 
     def readback(self, tree: DraftTree, verdict: Verdict, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
