@@ -80,7 +80,7 @@ CALLS_PER_STEP = {
     "adjacency": 195,
     "graft": 270,
     "all-small": 77,
-    "all-mid": 225,
+    "all-mid": 205,
     "fixed:1,3": 238,
     "treegraft": 380,  # more slack: the step rule's choices follow measured times
 }

@@ -179,6 +179,11 @@ class LayerLoop:
         self.index.sync(committed)
         if self.strong is not None:
             self.strong.start_step()
+        if device_tree and not forced and not record and policy.plans_whole_steps(self.shape.depth):
+            plan = self.run_plan(committed, policy)
+            if plan is not None and self.layout is not None:  # every layer strong, and no read
+                records = [LayerRecord(layer, True, False, None) for layer in range(1, plan.layers + 1)]
+                return self.strong_tree(committed), records, 0
         g, records = Growth.start(self.index.context[-1], roots=self.roots), []
         layer = 1
         while layer <= self.shape.depth:
@@ -192,9 +197,6 @@ class LayerLoop:
             plan = self.run_plan(committed, policy) if call and layer == 1 and not forced and not record else None
             if plan is not None:
                 records = [LayerRecord(called, True, False, None) for called in range(1, plan.layers + 1)]
-                every_layer = plan.layers == self.shape.depth and self.layout is not None
-                if device_tree and every_layer and not policy.reads_verified_tree:
-                    return self.strong_tree(committed), records, 0
                 g = Growth.after_run(run_strong_layers(plan, self.strong, committed, self.index.context[-1],
                                                        self.options.lookback, self.roots), plan.layers)
                 layer = plan.layers + 1

@@ -20,7 +20,7 @@ value of that row's top-K), which is what rescoring would sum again, in the same
 the run continue on the host (``LayerLoop.build``).
 
 A run over every layer of the step, for a policy that neither trims the cut tree nor learns from it on the host
-(``CallPolicy.reads_verified_tree``: ``all-mid``), needs no read at all: the layer loop drafts it on the dense
+(``CallPolicy.plans_whole_steps``: ``all-mid``), needs no read at all: the layer loop drafts it on the dense
 layout instead (``drafters.dense_layout.OpenLayout``, the same tree without writing one) and cuts it on the device;
 the step then reads only the verdict.
 """

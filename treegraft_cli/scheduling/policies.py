@@ -280,9 +280,6 @@ class CallPolicy(ABC):
     name = ""
     uses_costs = False  # reads SchedulerState.costs: the method measures them at warm-up when not given
     feature_set = "paper"  # the features it reads (FEATURE_SETS); "extended" needs the request's StepHistory
-    # its ``trim`` or ``observe`` reads the step's tree on the host; when not, a strong run over every layer stays on
-    # the device to the end (``grafting.strong_run.run_strong_layers``)
-    reads_verified_tree = True
 
     def __init__(self, call_budget: int):
         self.call_budget = call_budget
@@ -296,6 +293,12 @@ class CallPolicy(ABC):
         tree holds (0: later decisions read the state). The layer loop may run them on the strong drafter's device,
         reading once (``grafting.strong_run``)."""
         return 0
+
+    def plans_whole_steps(self, num_layers: int) -> bool:
+        """Whether every step calls at layers 1..``num_layers`` whatever the tree holds, and neither ``trim`` nor
+        ``observe`` reads the step's tree on the host: the layer loop may then draft each step on the strong drafter's
+        device without asking, and leave the tree there (``LayerLoop.strong_tree``)."""
+        return False
 
     def drafts_weak(self, num_layers: int) -> bool:
         """Whether a step may draft with the weak drafter (a skipped layer, a preview): only then does the method keep
@@ -331,7 +334,6 @@ class AllSmall(CallPolicy):
 
 class AllMid(CallPolicy):
     name = "all-mid"
-    reads_verified_tree = False
 
     def wants_call(self, state: SchedulerState) -> bool:
         return True
@@ -339,13 +341,15 @@ class AllMid(CallPolicy):
     def planned_calls(self, num_layers: int) -> int:
         return min(num_layers, self.call_budget)
 
+    def plans_whole_steps(self, num_layers: int) -> bool:
+        return self.planned_calls(num_layers) == num_layers
+
     def drafts_weak(self, num_layers: int) -> bool:
         return self.planned_calls(num_layers) < num_layers  # the layers it calls whatever the tree holds
 
 
 class FixedLayers(CallPolicy):
     name = "fixed"
-    reads_verified_tree = False
 
     def __init__(self, call_budget: int, layers: tuple[int, ...]):
         super().__init__(call_budget)
@@ -356,6 +360,9 @@ class FixedLayers(CallPolicy):
 
     def planned_calls(self, num_layers: int) -> int:
         return leading_layers(self.layers, num_layers, self.call_budget)
+
+    def plans_whole_steps(self, num_layers: int) -> bool:
+        return self.planned_calls(num_layers) == num_layers
 
     def drafts_weak(self, num_layers: int) -> bool:
         return self.planned_calls(num_layers) < num_layers  # the layers it calls whatever the tree holds
