@@ -75,15 +75,15 @@ def _one_hot_logits(rows: list[list[int]], vocab: int) -> torch.Tensor:
 def test_table_update_matches_its_definition():
     vocab, k = 8, 2
     table = AdjacencyTable(k)
-    table.write_prompt(torch.tensor([5, 6]), _one_hot_logits([[1, 2], [3, 4]], vocab))
-    assert table.table[5].tolist() == [1, 2] and table.table[6].tolist() == [3, 4]
+    table.write_prompt(torch.tensor([5, 6, 5]), _one_hot_logits([[6, 7], [3, 4], [1, 2]], vocab))
+    assert table.table[5].tolist() == [1, 2] and table.table[6].tolist() == [3, 4]  # token 5 twice: the later wins
     # root 6 (node 0) with children 1 (node 1, accepted) and 7 (node 2); node 3 = token 5 under node 1,
     # node 4 = token 1 again under node 2, off the accepted path and written later in node order.
     tree = DraftTree.from_root(6)
     tree.add_children(torch.tensor([0, 0]), torch.tensor([1, 7]), torch.tensor([-0.1, -0.2]), ORIGIN_MODEL)
     tree.add_children(torch.tensor([1, 2]), torch.tensor([5, 1]), torch.tensor([-0.3, -0.4]), ORIGIN_MODEL)
     logits = _one_hot_logits([[0, 7], [2, 3], [4, 5], [6, 0], [3, 2]], vocab)
-    table.write_verified(tree, torch.tensor([1]), logits)
+    table.write_verified(tree, torch.tensor([0, 1]), logits)  # the root, then the accepted node 1
     assert table.table[6].tolist() == [0, 7]  # root: its verified successors replace the prompt's row
     assert table.table[1].tolist() == [2, 3]  # token 1 twice: the accepted node's row wins
     assert table.table[7].tolist() == [4, 5]

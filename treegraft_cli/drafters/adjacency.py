@@ -66,19 +66,20 @@ class AdjacencyTable:
     ) -> None:
         """``M[tokens[i]] = top-k(logits[i])`` for every i; the last write of a repeated token wins.
 
-        No data-dependent shapes: rows that a later write of the same token overrides go to a scratch row.
+        No data-dependent shapes: rows that a later write of the same token overrides go to a scratch row. Ranks are
+        distinct, so each token's highest (one scatter into a buffer entry per token) picks its one winning write.
         """
         if tokens.numel() == 0:
             return
         self._allocate(logits)
-        tokens = tokens.to(self.table.device).long()
-        n = tokens.shape[0]
-        if rank is None:
-            rank = torch.arange(n, device=tokens.device)
-        rank = rank.to(tokens.device)
-        overridden = ((tokens[:, None] == tokens[None, :]) & (rank[None, :] > rank[:, None])).any(dim=1)
+        device = self.table.device
+        tokens = on_device_of(tokens if tokens.dtype == torch.long else tokens.long(), device)
+        rank = torch.arange(tokens.shape[0], device=device) if rank is None else on_device_of(rank, device)
+        # entries of the tokens not written here keep older values: only this write's tokens are read back
+        latest = self._latest.scatter_reduce_(0, tokens, rank, reduce="amax", include_self=False)  # [vocab + 1]
+        overridden = latest.index_select(0, tokens) != rank  # [n]
         rows = torch.where(overridden, self.table.shape[0], tokens)  # [n]; the scratch row past the table
-        top = torch.topk(logits, self.k, dim=-1).indices.to(self.table.device)
+        top = on_device_of(torch.topk(logits, self.k, dim=-1).indices, device)
         self._rows.index_copy_(0, rows, top)
         self._written.index_fill_(0, rows, True)
         self._successors.index_copy_(0, rows, top)
@@ -93,15 +94,15 @@ class AdjacencyTable:
     def write_verified(
         self,
         tree: DraftTree,
-        path: torch.Tensor,  # [m] accepted node indices, root excluded
+        root_path: torch.Tensor,  # [a + 1] the root and the accepted node indices, root first
         logits: torch.Tensor,  # [num_nodes, vocab] target logits at every tree node
     ) -> None:
         """Write every verified node; the root and the accepted path last, so their rows win."""
-        device = tree.device
         n = tree.num_nodes
-        path = torch.cat([torch.zeros(1, dtype=torch.long, device=device), path.to(device)])
-        # node order, then the root and the accepted nodes in path order after every other node
-        rank = torch.arange(n, device=device).index_copy(0, path, n + torch.arange(path.shape[0], device=device))
+        root_path = on_device_of(root_path, tree.device)
+        # node order, then the root and the accepted nodes after every other node: in path order, since nodes are
+        # stored parents first
+        rank = torch.arange(n, device=tree.device).index_add_(0, root_path, torch.full_like(root_path, n))
         self.write(tree.tokens, logits, rank)
 
     def _allocate(self, logits: torch.Tensor) -> None:
@@ -110,6 +111,7 @@ class AdjacencyTable:
             # one scratch row past the vocabulary takes the writes a later one overrides
             self._rows = torch.zeros(vocab + 1, self.k, dtype=torch.long, device=device)
             self._written = torch.zeros(vocab + 1, dtype=torch.bool, device=device)
+            self._latest = torch.zeros(vocab + 1, dtype=torch.long, device=device)  # ``write``'s scratch: rank by token
             self.table, self.written = self._rows[:vocab], self._written[:vocab]
             self._successors = torch.full((vocab + 2, self.k), vocab + 1, dtype=torch.long, device=device)
 

@@ -58,6 +58,11 @@ class Observation:
         """Accepted node indices, root excluded: ``[num_accepted]``."""
         return self.verdict.path[0, 1 : self.num_accepted + 1]
 
+    @property
+    def root_path(self) -> torch.Tensor:
+        """The root and the accepted node indices, root first: ``[num_accepted + 1]``."""
+        return self.verdict.path[0, : self.num_accepted + 1]
+
 
 @dataclass(frozen=True)
 class Models:
