@@ -14,6 +14,7 @@ from .backends import VerifyBackend, select_backend
 from .capture import CAPTURED_ROWS, bucket, check_mode
 from .config import DecodeConfig
 from .errors import ConfigError
+from .hostlists import longs
 from .lm import CausalLM, inference, on_device_of
 from .methods import Method, Models, Observation, Prefill, create_method
 from .syncs import HostReads, audited_count, counting, fetch, host_value
@@ -218,18 +219,19 @@ class SpeculativeDecoder:
         extras = self.method.readback(tree, verdict, logits)
         n = tree.num_nodes
         path = verdict.path[0]  # [n] root first, -1 after the deepest accepted node
-        chain = torch.cat([tree.tokens.index_select(0, path[1:].clamp(min=0)), verdict.bonus])  # [n]
-        chain.scatter_(0, verdict.num_accepted, verdict.bonus)  # the bonus right after the accepted tokens
-        # the tree's depths and origins ride along for the acceptance statistics (no read of their own)
-        packed, *host = fetch(torch.cat([verdict.num_accepted, chain, path, tree.depths, tree.origins]), *extras)
+        # the tree's tokens give the accepted ones on the host; its depths and origins ride along for the acceptance
+        # statistics (no read of their own)
+        packed = torch.cat([verdict.num_accepted, verdict.bonus, path, tree.tokens, tree.depths, tree.origins])
+        packed, *host = fetch(packed, *extras)
         packed = host_value(packed)
         num_accepted = packed[0]
-        new_tokens = packed[1 : num_accepted + 2]
-        accepted = packed[n + 1 : n + num_accepted + 2]  # node indices, root first
-        node_depths, node_origins = packed[2 * n + 2 : 3 * n + 1], packed[3 * n + 2 :]
+        accepted = packed[2 : num_accepted + 3]  # node indices, root first
+        tokens = packed[n + 2 : 2 * n + 2]
+        new_tokens = [tokens[node] for node in accepted[1:]] + [packed[1]]  # the accepted tokens, then the bonus
+        node_depths, node_origins = packed[2 * n + 3 : 3 * n + 2], packed[3 * n + 3 :]
         self._commit(prefix, path, accepted)
         result.output_ids.extend(new_tokens)
-        grown = torch.cat([committed, on_device_of(chain[: num_accepted + 1], committed.device)])
+        grown = torch.cat([committed, on_device_of(longs(new_tokens), committed.device)])
         observation = Observation(tree, verdict, logits, grown, num_accepted, new_tokens, accepted[1:], tuple(host))
         self.method.observe(observation)
         clock.mark()
