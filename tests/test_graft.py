@@ -151,14 +151,16 @@ def trees_and_tables(draw):
 
 
 @settings(max_examples=150, deadline=None)
-@given(case=trees_and_tables(), counts_from_base=st.booleans())
-def test_graft_keeps_budget_siblings_and_prefix_closure(case, counts_from_base):
+@given(case=trees_and_tables(), counts_from_base=st.booleans(), depth_known=st.booleans())
+def test_graft_keeps_budget_siblings_and_prefix_closure(case, counts_from_base, depth_known):
+    """``depth_known``: the caller bounds the tree's depth, so the depths past it are worked out as chains."""
     tree, table, full, budget, draft_nodes = case
     kept = tree.top_by_score(min(draft_nodes, budget))
     draft, kept_tokens = kept.size, kept.tokens.clone()  # graft grows its input in place
     slots = budget - draft
     counts = scale_counts(BASE_TEMPLATE, slots, table.k) if counts_from_base else (table.k,) * 3
-    grafted = table.graft(kept, build_template(counts, budget, table.k), slots)
+    depth = kept.max_depth if depth_known else None
+    grafted = table.graft(kept, build_template(counts, budget, table.k), slots, depth)
     grafted.validate(budget=budget)  # parents first, depths, distinct siblings, size <= N
     assert int((grafted.origins == ORIGIN_MODEL).sum()) == draft  # draft nodes are never dropped
     assert torch.equal(grafted.tokens[: draft + 1], kept_tokens)
@@ -169,6 +171,11 @@ def test_graft_keeps_budget_siblings_and_prefix_closure(case, counts_from_base):
     parent_tokens = grafted.tokens[grafted.parents[retrieved]]
     assert bool(table.written[parent_tokens].all())  # every retrieved node comes from a written row
     assert bool((table.table[parent_tokens] == grafted.tokens[retrieved, None]).any(-1).all())
+    for node in retrieved.tolist():  # scored by its parent (raised by merges) and its token's rank in the parent's row
+        parent = int(grafted.parents[node])
+        rank = int(torch.nonzero(table.table[grafted.tokens[parent]] == grafted.tokens[node]))
+        expected = grafted.scores[parent] + torch.tensor(rank_log_prior(rank), dtype=torch.float32)
+        assert torch.equal(grafted.scores[node], expected), node
     if full and counts_from_base:
         assert grafted.size == budget  # merges free slots for the next candidates
 

@@ -171,13 +171,13 @@ class AdjacencyTable:
         columns = template.level_columns(device)
         if n == 1:  # a bare root: nothing to merge into, every candidate is new and scored by its priors alone
             scores = torch.cat([tree.scores, template.root_scores(device)])  # [1 + size] slot s holds node s
-            for _, slot, parent, rank, _ in columns:
-                tokens.index_copy_(0, slot, successors[tokens.index_select(0, parent), rank])
+            chained, _ = _chains(successors, template, device, 1, tokens[:1], None)
+            tokens.index_copy_(0, template.tail(device, n, 1)[0], chained)
         else:
             # scores by resolved node: the tree's nodes, then every candidate's own (a merged one's too)
             scores = torch.cat([tree.scores, tree.scores.new_empty(size)])  # [n + size]
             levels = template.fresh_levels(device, n)
-            self._resolve(tree, tokens, node, scores, successors, columns, levels, len(columns) if depth is None else depth)
+            self._resolve(tree, template, tokens, node, scores, successors, levels, len(columns) if depth is None else depth)
         is_new = (tokens[1:] != invalid) & (node[1:] >= n)  # [size] valid new candidates, in priority order
         kept = is_new & (torch.cumsum(is_new, 0) <= slots)
         return PendingGraft(tree, template, tokens, node, scores, kept, kept.sum())
@@ -203,24 +203,27 @@ class AdjacencyTable:
     @staticmethod
     def _resolve(
         tree: DraftTree,
+        template: RankTemplate,
         tokens: torch.Tensor,  # [size + 1] filled here, slot 0 the root
         node: torch.Tensor,  # [size + 1] each candidate's new node index; a merging one's replaced here
         scores: torch.Tensor,  # [n + size] existing nodes' scores (merges raise them), candidates' filled here
         successors: torch.Tensor,  # [vocab + 2, k]
-        columns: tuple[tuple[torch.Tensor, ...], ...],  # ``RankTemplate.level_columns``
         fresh_levels: tuple[tuple[torch.Tensor, ...], ...],  # ``RankTemplate.fresh_levels``
         tree_depth: int,  # no node of ``tree`` is deeper
     ) -> None:
         """Depth by depth: each candidate's token, and the node it resolves to, merging into an existing child.
 
-        A candidate merges only into an existing node of its own depth: past ``tree_depth`` every one is new."""
-        n = tree.num_nodes
+        A candidate merges only into an existing node of its own depth: past ``tree_depth`` every one is new. Two
+        depths past the tree's every parent is new too, so those depths follow from the one above alone
+        (``_chains``) and are written at once."""
+        n, device = tree.num_nodes, tree.device
+        columns = template.level_columns(device)
         existing = (tree.parents * (1 << 32) + tree.tokens)[None, :]  # [1, n] keys (parent, token)
-        indices = torch.arange(n, device=tree.device)
-        levels = zip(columns, fresh_levels, strict=True)
-        for depth, ((_, slot, parent, rank, prior), (fresh, fresh_column, fresh_parent)) in enumerate(levels, start=1):
-            # two depths past the tree's, every parent is new: its node index is known without a gather
-            parent_node = fresh_parent if depth > tree_depth + 1 else node.index_select(0, parent)
+        indices = torch.arange(n, device=device)
+        resolving = min(tree_depth + 1, len(columns))  # the depths whose parents may be existing nodes
+        levels = zip(columns[:resolving], fresh_levels, strict=False)
+        for depth, ((_, slot, parent, rank, prior), (fresh, fresh_column, _)) in enumerate(levels, start=1):
+            parent_node = node.index_select(0, parent)
             token = successors[tokens.index_select(0, parent), rank]
             tokens.index_copy_(0, slot, token)
             score = scores.index_select(0, parent_node) + prior
@@ -231,3 +234,33 @@ class AdjacencyTable:
             resolved = torch.where(same, indices, fresh_column).amin(dim=1)  # the matching node, else the new one
             node.index_copy_(0, slot, resolved)
             scores.scatter_reduce_(0, resolved, score, reduce="amax")  # a merged node keeps the higher score
+        if resolving < len(columns):
+            chained, chained_scores = _chains(successors, template, device, resolving + 1, token, score)
+            slots, nodes = template.tail(device, n, resolving + 1)
+            tokens.index_copy_(0, slots, chained)
+            scores.index_copy_(0, nodes, chained_scores)
+
+
+def _chains(
+    successors: torch.Tensor,  # [vocab + 2, k]
+    template: RankTemplate,
+    device: torch.device,
+    first: int,  # the first depth (1-based) worked out here
+    token: torch.Tensor,  # [l] the tokens of the depth above ``first``, in its candidate order
+    score: torch.Tensor | None,  # [l] their scores; None: no scores
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # [T] tokens, [T] scores (or None): the depths from ``first``, concatenated
+    """The candidates of depth ``first`` on, where every parent is a new candidate: each depth from the tensors of the
+    one above (a gather by position, none along a chain), with a score as grafting sums it (the parent's plus the
+    candidate's log prior, in float32)."""
+    tokens, scores = [], []
+    columns, links = template.level_columns(device)[first - 1 :], template.level_links(device)[first - 1 :]
+    for (_, _, _, rank, prior), link in zip(columns, links, strict=True):
+        if link is not None:
+            token = token.index_select(0, link)
+            score = None if score is None else score.index_select(0, link)
+        token = successors[token, rank]
+        tokens.append(token)
+        if score is not None:
+            score = score + prior
+            scores.append(score)
+    return torch.cat(tokens), (torch.cat(scores) if score is not None else None)

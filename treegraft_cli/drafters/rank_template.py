@@ -84,6 +84,9 @@ class RankTemplate:
     log_prior: torch.Tensor  # [S] float32, log q(rank): the node's own step, added to its parent's score
     levels: tuple[torch.Tensor, ...]  # candidate indices at depth 1, 2, ...: one gather each
     template_size: int  # the first template_size candidates are the template, the rest its extension
+    # per depth, each candidate's parent as a position among the candidates of the depth above (the root's children:
+    # among the root alone), kept on the host: ``level_links`` builds from it without reading a device
+    parent_positions: tuple[tuple[int, ...], ...] = ()
 
     @property
     def size(self) -> int:
@@ -99,6 +102,30 @@ class RankTemplate:
                 for level in self.levels
             )
         return cache[device]
+
+    def level_links(self, device: torch.device) -> tuple[torch.Tensor | None, ...]:
+        """Per depth, each candidate's parent as a position among the candidates of the depth above (the root's
+        children: among the root alone); None where that is every candidate above in order (a chain, or one parent
+        with one child), so a depth worked out from the depth above as one tensor reads it without a gather;
+        memoised per device."""
+        cache = self.__dict__.setdefault("_level_links", {})
+        if device not in cache:
+            above = (1, *(len(positions) for positions in self.parent_positions))  # candidates per depth, the root's 1
+            cache[device] = tuple(
+                None if list(positions) == list(range(count)) else torch.tensor(positions, dtype=torch.long, device=device)
+                for positions, count in zip(self.parent_positions, above, strict=False)
+            )
+        return cache[device]
+
+    def tail(self, device: torch.device, n: int, first: int) -> tuple[torch.Tensor, torch.Tensor]:  # [T] twice
+        """The slots and the new node indices (in a tree of ``n`` nodes) of every candidate from depth ``first``
+        (1-based) on, depth by depth: where grafting writes those depths at once; memoised."""
+        cache = self.__dict__.setdefault("_tails", {})
+        key = (device, n, first)
+        if key not in cache:
+            columns = self.level_columns(device)[first - 1 :]
+            cache[key] = (torch.cat([slot for _, slot, *_ in columns]), torch.cat([level for level, *_ in columns]) + n)
+        return cache[key]
 
     def root_scores(self, device: torch.device) -> torch.Tensor:  # [S] float32
         """Every candidate's score when grafted under a bare root (score 0, as every tree's root): its path's log
@@ -221,7 +248,12 @@ def _extension(nodes: list[tuple[float, int, int, int]], extra: int, k: int) -> 
 def _to_tensors(nodes: list[tuple[float, int, int, int]], template_size: int, device) -> RankTemplate:
     depths = torch.tensor([n[1] for n in nodes], dtype=torch.long, device=device)
     ranks = torch.tensor([n[3] for n in nodes], dtype=torch.long, device=device)
-    max_depth = int(depths.max()) if nodes else 0
+    max_depth = max((n[1] for n in nodes), default=0)
+    by_depth: list[list[int]] = [[] for _ in range(max_depth + 1)]  # candidate indices per depth, the root at 0
+    by_depth[0].append(-1)
+    for index, node in enumerate(nodes):
+        by_depth[node[1]].append(index)
+    positions = [{candidate: position for position, candidate in enumerate(level)} for level in by_depth]
     return RankTemplate(
         parents=torch.tensor([n[2] for n in nodes], dtype=torch.long, device=device),
         ranks=ranks,
@@ -229,4 +261,5 @@ def _to_tensors(nodes: list[tuple[float, int, int, int]], template_size: int, de
         log_prior=torch.tensor([rank_log_prior(n[3]) for n in nodes], dtype=torch.float32, device=device),
         levels=tuple(torch.nonzero(depths == d).flatten() for d in range(1, max_depth + 1)),
         template_size=template_size,
+        parent_positions=tuple(tuple(positions[d - 1][nodes[i][2]] for i in by_depth[d]) for d in range(1, max_depth + 1)),
     )
