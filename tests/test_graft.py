@@ -18,6 +18,7 @@ from treegraft_cli.errors import ConfigError
 from treegraft_cli.lm import CausalLM
 from treegraft_cli.methods import Models, create_method
 from treegraft_cli.tree import ORIGIN_ADJACENCY, ORIGIN_MODEL, DraftTree
+from treegraft_cli.verify import tree_buffers
 
 FAST = settings(max_examples=60, deadline=None)
 SLOW = settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -162,6 +163,7 @@ def test_graft_keeps_budget_siblings_and_prefix_closure(case, counts_from_base, 
     depth = kept.max_depth if depth_known else None
     grafted = table.graft(kept, build_template(counts, budget, table.k), slots, depth)
     grafted.validate(budget=budget)  # parents first, depths, distinct siblings, size <= N
+    assert torch.equal(grafted.ancestor_mask(), tree_buffers(grafted.parents[None])[0][0])
     assert int((grafted.origins == ORIGIN_MODEL).sum()) == draft  # draft nodes are never dropped
     assert torch.equal(grafted.tokens[: draft + 1], kept_tokens)
     retrieved = torch.nonzero(grafted.origins == ORIGIN_ADJACENCY).flatten()

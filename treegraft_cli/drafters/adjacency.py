@@ -196,8 +196,9 @@ class AdjacencyTable:
         final = torch.arange(n + size, device=device)  # resolved node → index in the grown tree
         final[n + order] = n + torch.arange(count, device=device)
         tree._reserve(count)
+        chain = len(template.levels) - 1  # a depth-1 candidate's parent is in the tree: below, new ones at most
         tree._write(n, final[pending.node[template.parents_on(device)[order] + 1]], pending.tokens[order + 1],
-                    pending.scores[n + order], ORIGIN_ADJACENCY, generations=len(template.levels))
+                    pending.scores[n + order], ORIGIN_ADJACENCY, generations=chain)
         return tree
 
     @staticmethod
