@@ -114,7 +114,7 @@ def test_features_on_a_hand_built_tree():
     tree.add_children(torch.tensor([0]), torch.tensor([6]), torch.tensor([-1.0]), ORIGIN_MODEL)
     c = tree.add_children(a, torch.tensor([7]), torch.tensor([-0.7]), ORIGIN_MODEL)
     # nodes: 0 root, 1 a (depth 1, -0.5), 2 b (depth 1, -1.0), 3 c (depth 2, -0.7, child of a)
-    state = SchedulerState(tree=tree, frontier=c, candidates=torch.tensor([False, True, True, True]), layer=2,
+    state = SchedulerState(tree=tree, frontier=c, window=(1, 2, 3), layer=2,
                            num_layers=4, called=(1,), prompt_length=20, costs=CostModel(40.0, 10.0), width=2, budget=8)
     # a reselection picks the 2 best candidates: a (-0.5, depth 1) and c (-0.7, depth 2)
     expected = [math.log(21), 40.0, 10.0, math.log(4.0), 0.5, 0.25, 1, 0, 0, 0, 0,
@@ -443,7 +443,7 @@ def test_learned_layer_rule_decides_each_layer_and_measures_the_step_it_made():
     tree = DraftTree.from_root(0)
 
     def state(layer: int, called: tuple[int, ...], lag: int = 0) -> SchedulerState:
-        return SchedulerState(tree=tree, frontier=torch.zeros(1, dtype=torch.long), candidates=torch.tensor([True]),
+        return SchedulerState(tree=tree, frontier=torch.zeros(1, dtype=torch.long), window=(0,),
                               layer=layer, num_layers=4, called=called, prompt_length=10,
                               costs=CostModel(40.0, 10.0), width=2, budget=8, strong_lag=lag)
 
@@ -465,7 +465,7 @@ def test_learned_layer_rule_decides_each_layer_and_measures_the_step_it_made():
 
 def test_learned_step_rule_takes_the_kind_of_largest_positive_margin():
     tree = DraftTree.from_root(0)
-    state = SchedulerState(tree=tree, frontier=torch.zeros(1, dtype=torch.long), candidates=torch.tensor([True]),
+    state = SchedulerState(tree=tree, frontier=torch.zeros(1, dtype=torch.long), window=(0,),
                            layer=1, num_layers=4, called=(), prompt_length=10, costs=CostModel(40.0, 10.0), width=2, budget=8)
 
     def rule(short: float, full: float, min_margin: float = 0.0) -> LearnedStepRule:

@@ -262,7 +262,7 @@ def hand_state(called=(1, 2), layer=3, verify_ms=100.0, strong_ms=25.0, weak=Non
     return SchedulerState(
         tree=tree,
         frontier=torch.tensor([3, 4]),
-        candidates=graft_window(tree, layer, lookback=5, max_depth=10, expanded=expanded),
+        window=tuple(graft_window(tree, layer, lookback=5, max_depth=10, expanded=expanded).nonzero().flatten().tolist()),
         layer=layer,
         num_layers=5,
         called=called,
@@ -384,7 +384,7 @@ def root_state(layer=1, called=(), weak=None, strong_lag=1, costs=None) -> Sched
     return SchedulerState(
         tree=DraftTree.from_root(0),
         frontier=torch.tensor([0]),
-        candidates=torch.tensor([True]),
+        window=(0,),
         layer=layer,
         num_layers=4,
         called=called,

@@ -38,7 +38,6 @@ from ..drafters import StrongDrafter
 from ..drafters.dense_layout import OpenLayout
 from ..drafters.logp_rows import LogProbRows
 from ..drafters.ngram import Continuation, NgramIndex, TargetLogProbCache
-from ..hostlists import flags as host_flags
 from ..hostlists import floats, longs
 from ..lm import on_device_of
 from ..scheduling.options import TreeGraftConfig
@@ -251,13 +250,10 @@ class LayerLoop:
         history: tuple[float, ...] = (),
         window: list[int] | None = None,  # ``window_nodes`` when the caller has them
     ) -> SchedulerState:
-        flags = [False] * g.tree.num_nodes
-        for node in self.window_nodes(g, layer) if window is None else window:
-            flags[node] = True
         return SchedulerState(
             tree=g.tree,
             frontier=g.frontier,
-            candidates=host_flags(flags),  # ``graft_window`` of the host tree
+            window=tuple(self.window_nodes(g, layer) if window is None else window),
             layer=layer,
             num_layers=self.shape.depth,
             called=tuple(g.called),

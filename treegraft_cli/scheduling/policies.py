@@ -9,6 +9,7 @@ as ``step_rule.LearnedLayerRule`` per layer or ``step_rule.LearnedStepRule`` per
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -19,7 +20,9 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from ..hostlists import flags as host_flags
 from ..hostlists import floats
+from ..lm import on_device_of
 from ..syncs import host_value
 from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree, float32
 from .calibration import AcceptanceCalibration
@@ -208,7 +211,7 @@ class SchedulerState:
 
     tree: DraftTree
     frontier: torch.Tensor  # [f] node indices the next weak expansion would use
-    candidates: torch.Tensor  # [num_nodes] bool: where a strong call could graft now
+    window: tuple[int, ...]  # where a strong call could graft now (``graft_window``), ascending
     layer: int  # 1-based layer about to be built
     num_layers: int  # D
     called: tuple[int, ...]  # layers called so far this step
@@ -219,6 +222,14 @@ class SchedulerState:
     weak: WeakPreview | None = None  # what a skip would add, when the policy previews it
     strong_lag: int = 0  # committed tokens the strong drafter has not forwarded yet (its next call will)
     history: tuple[float, ...] = ()  # ``StepHistory.values()`` before this step; () when nobody measures it
+
+    @functools.cached_property
+    def candidates(self) -> torch.Tensor:  # [num_nodes] bool
+        """``window`` as a mask over the tree's nodes, on its device (made when a feature reads it)."""
+        flags = [False] * self.tree.num_nodes
+        for node in self.window:
+            flags[node] = True
+        return on_device_of(host_flags(flags), self.tree.device)
 
     def reselection(self) -> torch.Tensor:
         """[≤K] the grafting positions a strong call would pick on the current scores (before rescoring)."""
@@ -316,7 +327,7 @@ class CallPolicy(ABC):
         return tree
 
     def decide(self, state: SchedulerState) -> bool:
-        if len(state.called) >= self.call_budget or not bool(state.candidates.any()):
+        if len(state.called) >= self.call_budget or not state.window:
             return False
         return self.wants_call(state)
 
