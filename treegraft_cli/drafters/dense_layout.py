@@ -142,7 +142,8 @@ class OpenLayout(DenseLayout):
     It drafts ``run_strong_layers``'s tree node for node and bit for bit (tests/test_strong_run.py): the root's
     row from ``TreeDrafter.forward``'s pending-token forward, each layer's positions ranked by one stable sort
     (ties to the lower index) and forwarded in ascending node order, children in rank order. What it spares is the
-    tree: no node is written and no ancestor mask kept until the cut (about a third of the run's tensor calls).
+    tree: no node is written and no ancestor mask kept until the cut (on the tiny pair a step took 268.7 → 198.7
+    tensor calls).
 
     The pool's tokens, parents, open scores and lineage live in buffers kept across steps: every entry a step
     reads it has written that step, or holds the layout's constant (the root's parent, its children's, its
