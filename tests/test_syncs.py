@@ -73,14 +73,14 @@ def test_tree_methods_without_strong_calls_read_once_per_step(tiny_self_pair):
 # overhead (each call costs a few microseconds of Python and dispatch). About 10% above what the hot path
 # makes on this prompt, so an extra op per node or per layer shows.
 CALLS_PER_STEP = {
-    "ar": 22,
-    "chain": 128,
-    "dense": 146,
-    "ngram": 36,
-    "adjacency": 162,
-    "graft": 224,
-    "all-small": 61,
-    "all-mid": 203,
+    "ar": 19,
+    "chain": 104,
+    "dense": 121,
+    "ngram": 28,
+    "adjacency": 136,
+    "graft": 196,
+    "all-small": 60,
+    "all-mid": 178,
     "fixed:1,3": 221,
     "treegraft": 380,  # more slack: the step rule's choices follow measured times
 }

@@ -19,7 +19,7 @@ from .lm import CausalLM, inference, on_device_of
 from .methods import Method, Models, Observation, Prefill, create_method
 from .syncs import HostReads, audited_count, counting, fetch, host_value
 from .tree import DraftTree
-from .verify import Verdict
+from .verify import StepVerdict, Verdict
 
 
 @dataclass(frozen=True)
@@ -169,6 +169,13 @@ class SpeculativeDecoder:
             logits, tokens, parents, uniforms, sampling.temperature, sampling.top_k, sampling.top_p, **extra
         )
 
+    def _step_verdict(self, logits: torch.Tensor, tree: DraftTree) -> StepVerdict:  # logits: [nodes, vocab]
+        """Greedy: the target's choices, walked on the host after the read; sampling: the backend's device verdict."""
+        if self.config.sampling.greedy:
+            return StepVerdict(tree, choices=self.backend.greedy_choices(logits[None]),
+                               accept_on_device=self.backend.accept)
+        return StepVerdict(tree, device_verdict=self._verify(logits[None], tree))
+
     @inference  # once per request: the forwards and tensor ops inside pay no mode switch each
     def generate(
         self,
@@ -215,24 +222,15 @@ class SpeculativeDecoder:
         clock.mark()
         # a target spread over devices returns logits from its last: verify there (moving the tree, not the logits)
         tree = tree.to(logits.device)
-        verdict = self._verify(logits[None], tree)
+        verdict = self._step_verdict(logits, tree)
         extras = self.method.readback(tree, verdict, logits)
-        n = tree.num_nodes
-        path = verdict.path[0]  # [n] root first, -1 after the deepest accepted node
-        # the tree's tokens give the accepted ones on the host; its depths and origins ride along for the acceptance
-        # statistics (no read of their own)
-        packed = torch.cat([verdict.num_accepted, verdict.bonus, path, tree.tokens, tree.depths, tree.origins])
-        packed, *host = fetch(packed, *extras)
-        packed = host_value(packed)
-        num_accepted = packed[0]
-        accepted = packed[2 : num_accepted + 3]  # node indices, root first
-        tokens = packed[n + 2 : 2 * n + 2]
-        new_tokens = [tokens[node] for node in accepted[1:]] + [packed[1]]  # the accepted tokens, then the bonus
-        node_depths, node_origins = packed[2 * n + 3 : 3 * n + 2], packed[3 * n + 3 :]
-        self._commit(prefix, path, accepted)
+        packed, *host = fetch(verdict.packed(), *extras)
+        accepted, new_tokens, node_depths, node_origins = verdict.unpack(host_value(packed))
+        num_accepted = len(accepted) - 1
+        self._commit(prefix, accepted)
         result.output_ids.extend(new_tokens)
         grown = torch.cat([committed, on_device_of(longs(new_tokens), committed.device)])
-        observation = Observation(tree, verdict, logits, grown, num_accepted, new_tokens, accepted[1:], tuple(host))
+        observation = Observation(tree, logits, grown, num_accepted, new_tokens, accepted[1:], tuple(host))
         self.method.observe(observation)
         clock.mark()
         self._sync()
@@ -269,13 +267,14 @@ class SpeculativeDecoder:
         tree = self.config.tree
         return CAPTURED_ROWS + tree.depth * tree.top_k * bucket(tree.budget + 1)
 
-    def _commit(self, prefix: int, path: torch.Tensor, accepted: list[int]) -> None:
-        """Keep the target's cache rows of the root and the accepted nodes (``path`` [n] on the device,
-        ``accepted`` the same node indices on the host): rows already in place are only cropped."""
+    def _commit(self, prefix: int, accepted: list[int]) -> None:
+        """Keep the target's cache rows of the root and the ``accepted`` nodes (node indices, root first): rows
+        already in place are only cropped."""
         if accepted == list(range(len(accepted))):
             self.target.crop(prefix + len(accepted))
         else:
-            self.backend.commit(self.target, prefix + path[: len(accepted)], prefix)
+            keep = on_device_of(longs([prefix + node for node in accepted]), self.target.device)
+            self.backend.commit(self.target, keep, prefix)
 
     def _finished(self, result: Generation) -> bool:
         if len(result.output_ids) >= self.config.max_new_tokens:

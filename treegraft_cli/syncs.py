@@ -58,7 +58,7 @@ def fetch(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """
     with uncounted():
         devices = {t.device for t in tensors if t.device.type != "cpu"}
-        copies = tuple(t.to("cpu", non_blocking=True) for t in tensors)
+        copies = tuple(t.to("cpu", non_blocking=True) for t in tensors) if devices else tensors
         for device in devices:
             if device.type == "cuda":
                 torch.cuda.current_stream(device).synchronize()

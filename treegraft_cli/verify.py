@@ -19,9 +19,14 @@ matter, so every committed token is an independent draw from the target. Drafter
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from .tree import DraftTree
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,24 @@ def accept_choices(
     deepest = path.amax(dim=-1, keepdim=True)  # [batch, 1] the accepted chain's last node
     bonus = torch.gather(choices, 1, deepest).squeeze(1)
     return Verdict(path=path, num_accepted=num_accepted, bonus=bonus)
+
+
+def accept_on_host(
+    choices: list[int],  # [nodes] the target's token after each node
+    tokens: list[int],  # [nodes]
+    parents: list[int],  # [nodes] -1 at the root
+) -> tuple[list[int], int]:
+    """``accept_choices`` for one tree on host lists: the accepted node indices root first, and the bonus token.
+
+    Siblings carry distinct tokens, so each node has at most one child matching its choice: the walk follows it
+    down from the root. A Python walk over a tree's few dozen nodes costs less than the dozen tensor calls of the
+    device walk once the choices are read anyway (the engine reads them with the step's one synchronisation).
+    """
+    child = {(parents[i], tokens[i]): i for i in range(1, len(tokens))}
+    path = [0]
+    while (node := child.get((path[-1], choices[path[-1]]))) is not None:
+        path.append(node)
+    return path, choices[path[-1]]
 
 
 Buffers = tuple[torch.Tensor, torch.Tensor]  # ancestor mask [batch, nodes, nodes] bool, depths [batch, nodes]
@@ -169,3 +192,58 @@ def verify_sampling(
 ) -> Verdict:
     """Exact tree rejection sampling for deterministic drafts (see the module docstring)."""
     return accept(tokens, parents, sample_choices(logits, uniforms, temperature, top_k, top_p), buffers)
+
+
+class StepVerdict:
+    """The target's verdict on one decoding step's tree, kept for the step's one read.
+
+    Greedy (``from_choices``): the target's choice at every node stays on the device, is read with the tree's
+    columns and walked on the host (``accept_on_host``), a dozen tensor calls fewer than walking on the device.
+    The device walk runs only when a method's ``readback`` gathers rows along the path (``path``). Sampling
+    (``from_device``): the backend's device verdict, whose draws only its own walk consumes.
+    """
+
+    def __init__(
+        self,
+        tree: DraftTree,  # on the logits' device
+        choices: torch.Tensor | None = None,  # [1, nodes] greedy
+        device_verdict: Verdict | None = None,  # batch 1
+        accept_on_device: Callable[..., Verdict] = accept,  # the backend's ``accept``
+    ):
+        self.tree = tree
+        self.choices = choices
+        self.device_verdict = device_verdict
+        self.accept_on_device = accept_on_device
+
+    def path(self) -> torch.Tensor:  # [nodes] root first, -1 after the deepest accepted node, on the device
+        if self.device_verdict is None:
+            tree = self.tree
+            if tree.num_nodes == 1:  # the root alone: nothing to walk
+                return torch.zeros(1, dtype=torch.long, device=tree.device)
+            buffers = (tree.ancestor_mask()[None], tree.depths[None])
+            self.device_verdict = self.accept_on_device(tree.tokens[None], tree.parents[None], self.choices, buffers)
+        return self.device_verdict.path[0]
+
+    def packed(self) -> torch.Tensor:  # [5 · nodes] greedy, [2 + 4 · nodes] sampling
+        """What the step reads: the verdict's part and the tree's tokens, depths and origins (for the acceptance
+        statistics), one tensor."""
+        tree = self.tree
+        if self.choices is not None:
+            return torch.cat([self.choices[0], tree.tokens, tree.parents, tree.depths, tree.origins])
+        verdict = self.device_verdict
+        return torch.cat([verdict.num_accepted, verdict.bonus, verdict.path[0], tree.tokens, tree.depths, tree.origins])
+
+    def unpack(self, values: list[int]) -> tuple[list[int], list[int], list[int], list[int]]:
+        """From the read ``packed``: the accepted node indices root first, the new tokens (the accepted ones, then the
+        bonus), and the depths and origins of the non-root nodes."""
+        n = self.tree.num_nodes
+        if self.choices is not None:
+            choices = values[:n]
+            accepted, _ = accept_on_host(choices, values[n : 2 * n], values[2 * n : 3 * n])
+            # an accepted node's token is its parent's choice: the new tokens are the choices along the path
+            return accepted, [choices[node] for node in accepted], values[3 * n + 1 : 4 * n], values[4 * n + 1 :]
+        num_accepted, bonus = values[0], values[1]
+        accepted = values[2 : num_accepted + 3]
+        tokens = values[n + 2 : 2 * n + 2]
+        new_tokens = [tokens[node] for node in accepted[1:]] + [bonus]
+        return accepted, new_tokens, values[2 * n + 3 : 3 * n + 2], values[3 * n + 3 :]

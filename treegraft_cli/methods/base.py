@@ -17,9 +17,10 @@ import torch
 
 from ..config import DecodeConfig, describe_type, from_mapping
 from ..errors import ConfigError
+from ..hostlists import longs
 from ..lm import CausalLM
 from ..tree import DraftTree
-from ..verify import Verdict
+from ..verify import StepVerdict
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,6 @@ class Observation:
     """
 
     tree: DraftTree
-    verdict: Verdict  # batch 1
     logits: torch.Tensor  # [num_nodes, vocab] target logits at every tree node
     committed: torch.Tensor  # [length] all committed tokens after this step, new root last
     num_accepted: int
@@ -55,13 +55,13 @@ class Observation:
 
     @property
     def path(self) -> torch.Tensor:
-        """Accepted node indices, root excluded: ``[num_accepted]``."""
-        return self.verdict.path[0, 1 : self.num_accepted + 1]
+        """Accepted node indices, root excluded: ``[num_accepted]`` on the host."""
+        return longs(self.accepted_nodes)
 
     @property
     def root_path(self) -> torch.Tensor:
-        """The root and the accepted node indices, root first: ``[num_accepted + 1]``."""
-        return self.verdict.path[0, : self.num_accepted + 1]
+        """The root and the accepted node indices, root first: ``[num_accepted + 1]`` on the host."""
+        return longs([0, *self.accepted_nodes])
 
 
 @dataclass(frozen=True)
@@ -110,9 +110,10 @@ class Method(ABC):
     def draft(self, committed: torch.Tensor) -> DraftTree:  # committed: [length], root last
         """The draft tree for this step, hanging from ``committed[-1]`` (the root)."""
 
-    def readback(self, tree: DraftTree, verdict: Verdict, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def readback(self, tree: DraftTree, verdict: StepVerdict, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Device tensors ``observe`` wants on the host (``Observation.host``): read with the verdict, in the
-        step's one synchronisation. ``logits``: ``[num_nodes, vocab]``."""
+        step's one synchronisation. ``logits``: ``[num_nodes, vocab]``; ``verdict.path()`` walks the tree on the
+        device (a dozen tensor calls): only for rows along the accepted path."""
         return ()
 
     def observe(self, observation: Observation) -> None:

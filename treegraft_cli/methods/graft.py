@@ -40,7 +40,7 @@ from ..drafters.rank_template import BASE_TEMPLATE, RankTemplate, build_template
 from ..errors import ConfigError
 from ..syncs import host_value, read
 from ..tree import DraftTree, RootTrees
-from ..verify import Verdict
+from ..verify import StepVerdict
 from .base import Method, Models, Observation, Prefill, register
 from .model_drafting import DenseMethod, PoolDraft
 
@@ -271,7 +271,7 @@ class GraftMethod(DenseMethod):
     def first_below(self, stages: list[int], log_confidence: float) -> int | None:
         return next((i for i in stages if log_confidence < self.stages[i].log_threshold), None)
 
-    def readback(self, tree: DraftTree, verdict: Verdict, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def readback(self, tree: DraftTree, verdict: StepVerdict, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
         deferred = (self.deferred[1].reshape(1),) if self.deferred is not None else ()
         return super().readback(tree, verdict, logits) + deferred
 

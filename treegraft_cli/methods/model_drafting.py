@@ -13,7 +13,7 @@ from ..drafters.dense_layout import DenseDraft, DenseLayout
 from ..drafters.logp_rows import log_softmax_float32
 from ..syncs import host_value
 from ..tree import ORIGIN_MODEL, DraftTree, RootTrees
-from ..verify import Verdict
+from ..verify import StepVerdict
 from .base import Method, Models, Observation, register
 
 
@@ -42,7 +42,7 @@ class ModelDraftingMethod(Method):
     def start(self, prefill) -> None:
         self.drafter.reset()
 
-    def readback(self, tree: DraftTree, verdict: Verdict, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def readback(self, tree: DraftTree, verdict: StepVerdict, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
         # every node's cache row as it is: the host finds the forwarded prefix of the accepted path in Python,
         # cheaper than the handful of tensor ops that would count it on the device
         return (tree.kv_slot,)

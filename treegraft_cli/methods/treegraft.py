@@ -28,7 +28,7 @@ from ..scheduling.registry import LEARNED, POLICY_FACTORIES, make_policy
 from ..scheduling.step_rule import StepRule
 from ..syncs import fetch, host_only
 from ..tree import ORIGIN_NGRAM, DraftTree, RootTrees
-from ..verify import Verdict
+from ..verify import StepVerdict
 from .base import Method, Models, Observation, Prefill, register
 
 PREFILL_CHUNK = 64  # prompt rows turned into log-probs at a time (a full-vocab float32 softmax per row)
@@ -170,19 +170,23 @@ class TreeGraftMethod(Method):
         self.last_records = records
         return tree, records
 
-    def readback(self, tree: DraftTree, verdict: Verdict, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def readback(self, tree: DraftTree, verdict: StepVerdict, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Read with the verdict: a device tree's drafter cache rows (``kv_slot``), for the strong drafter's commit;
         the target's top-W log-probs at the root and the accepted nodes (rows along the path, at most its depth + 1),
         for the n-gram scores, unless no step drafts weak layers."""
         slots = () if self.built_tree.host else (tree.kv_slot,)
-        return slots + self.target_rows(verdict, logits) if self.keeps_target_logp else slots
-
-    def target_rows(self, verdict: Verdict, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The target's top-W log-probs and tokens at the root and the accepted nodes (host trees only: the n-gram
-        drafter's)."""
+        if not self.keeps_target_logp:
+            return slots
         deepest = max(self.built_tree.listed("depths"))
-        path = verdict.path[0, : deepest + 1].clamp(min=0)
-        return self.target_logp.top(logits[path])
+        return slots + self.target_rows(verdict.path()[: deepest + 1].clamp(min=0), logits)
+
+    def target_rows(
+        self,
+        root_path: torch.Tensor,  # [m] the root and accepted node indices, root first, on the logits' device
+        logits: torch.Tensor,  # [num_nodes, vocab]
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # 2 x [m, W]
+        """The target's top-W log-probs and tokens at ``root_path`` (host trees only: the n-gram drafter's)."""
+        return self.target_logp.top(logits[root_path])
 
     def observe(self, observation: Observation) -> None:
         a = observation.num_accepted
@@ -202,7 +206,9 @@ class TreeGraftMethod(Method):
                 if host:
                     values, tokens = (t[: a + 1] for t in host)
                 else:  # a caller that did not ask for the readback (a wrapper): read the rows now
-                    values, tokens = (t[: a + 1] for t in fetch(*self.target_rows(observation.verdict, observation.logits)))
+                    logits = observation.logits
+                    rows = self.target_rows(on_device_of(observation.root_path, logits.device), logits)
+                    values, tokens = (t[: a + 1] for t in fetch(*rows))
                 root_position = observation.committed.shape[0] - a - 2
                 self.target_logp.append_top(root_position, values, tokens)
             # the target's token after each verified node: the next accepted node's, then the bonus
