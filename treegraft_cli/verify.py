@@ -1,7 +1,8 @@
 """Tree verification, torch reference implementations.
 
 Shapes carry a batch dimension (``[batch, nodes]``, ``[batch, nodes, vocab]``) even though the engine
-runs batch 1; the Triton kernels in ``treegraft_cli.kernels`` have the same signatures.
+runs batch 1; the Triton kernels in ``treegraft_cli.kernels`` have the same signatures. ``accept_on_host`` is
+the same walk over one tree's host lists, and ``StepVerdict`` what the engine reads of one step's verdict.
 
 Acceptance (DESIGN.md §3). Every node i gets the target's *choice* ``c_i`` for the token after it: the
 argmax at T=0, or a sample from the processed target distribution at T>0, drawn by inverse CDF from the
