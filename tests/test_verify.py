@@ -52,14 +52,16 @@ def draft_tree(parents: torch.Tensor, tokens: torch.Tensor) -> DraftTree:  # [1,
 @given(tree=trees)
 def test_step_verdicts_greedy_and_device_read_the_same(tree):
     """What the engine makes of one read: the host walk over the choices and the device verdict agree on the accepted
-    nodes, the new tokens, depths and origins; the lazily walked device path is the reference's."""
+    nodes, the new tokens, depths and origins; both find the reference's rows along the accepted path."""
     parents, tokens, choices = random_case(*tree)
     drafted = draft_tree(parents, tokens)
     want = verify.accept(tokens, parents, choices)
     greedy = verify.StepVerdict(drafted, choices=choices)
     device = verify.StepVerdict(drafted, device_verdict=want)
     assert greedy.unpack(greedy.packed().tolist()) == device.unpack(device.packed().tolist())
-    assert torch.equal(greedy.path(), want.path[0])
+    deepest = int(drafted.depths.max())
+    rows = want.path[0, : deepest + 1].clamp(min=0)  # the accepted nodes by depth, the root's index after them
+    assert torch.equal(greedy.path_rows(deepest), rows) and torch.equal(device.path_rows(deepest), rows)
     accepted, new_tokens, depths, origins = greedy.unpack(greedy.packed().tolist())
     assert new_tokens[-1] == int(want.bonus[0]) and len(accepted) == int(want.num_accepted[0]) + 1
     assert depths == drafted.depths[1:].tolist() and origins == drafted.origins[1:].tolist()

@@ -32,9 +32,6 @@ class VerifyBackend:
     def greedy_choices(self, logits: torch.Tensor) -> torch.Tensor:  # [batch, nodes, vocab] -> [batch, nodes]
         return verify.argmax_choices(logits)
 
-    def accept(self, tokens, parents, choices, buffers=None) -> verify.Verdict:  # [batch, nodes] each
-        return verify.accept(tokens, parents, choices, buffers)
-
     def verify_greedy(self, logits, tokens, parents, buffers=None) -> verify.Verdict:
         return verify.verify_greedy(logits, tokens, parents, buffers)
 
@@ -60,7 +57,6 @@ class TritonBackend(VerifyBackend):
         self._tree_buffers = load("treegraft_cli.kernels.tree_buffers").tree_buffers
         greedy = load("treegraft_cli.kernels.greedy")
         self._greedy, self._argmax = greedy.verify_greedy, greedy.argmax_choices
-        self._accept = load("treegraft_cli.kernels.walk").accept
         self._sampling = load("treegraft_cli.kernels.sampling").verify_sampling
         self._gather_rows = load("treegraft_cli.kernels.kv_commit").gather_rows
 
@@ -69,9 +65,6 @@ class TritonBackend(VerifyBackend):
 
     def greedy_choices(self, logits: torch.Tensor) -> torch.Tensor:  # [batch, nodes, vocab] -> [batch, nodes]
         return self._argmax(logits)
-
-    def accept(self, tokens, parents, choices, buffers=None) -> verify.Verdict:  # [batch, nodes] each
-        return self._accept(tokens, parents, choices)
 
     def verify_greedy(self, logits, tokens, parents, buffers=None) -> verify.Verdict:
         # the walk kernel climbs parents itself: it needs no ancestor mask

@@ -172,8 +172,7 @@ class SpeculativeDecoder:
     def _step_verdict(self, logits: torch.Tensor, tree: DraftTree) -> StepVerdict:  # logits: [nodes, vocab]
         """Greedy: the target's choices, walked on the host after the read; sampling: the backend's device verdict."""
         if self.config.sampling.greedy:
-            return StepVerdict(tree, choices=self.backend.greedy_choices(logits[None]),
-                               accept_on_device=self.backend.accept)
+            return StepVerdict(tree, choices=self.backend.greedy_choices(logits[None]))
         return StepVerdict(tree, device_verdict=self._verify(logits[None], tree))
 
     @inference  # once per request: the forwards and tensor ops inside pay no mode switch each

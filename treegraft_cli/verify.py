@@ -20,7 +20,6 @@ matter, so every committed token is an independent draw from the target. Drafter
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -200,7 +199,7 @@ class StepVerdict:
 
     Greedy (``from_choices``): the target's choice at every node stays on the device, is read with the tree's
     columns and walked on the host (``accept_on_host``), a dozen tensor calls fewer than walking on the device.
-    The device walk runs only when a method's ``readback`` gathers rows along the path (``path``). Sampling
+    A method's ``readback`` that gathers rows along the path before the read finds them with ``path_rows``. Sampling
     (``from_device``): the backend's device verdict, whose draws only its own walk consumes.
     """
 
@@ -209,21 +208,28 @@ class StepVerdict:
         tree: DraftTree,  # on the logits' device
         choices: torch.Tensor | None = None,  # [1, nodes] greedy
         device_verdict: Verdict | None = None,  # batch 1
-        accept_on_device: Callable[..., Verdict] = accept,  # the backend's ``accept``
     ):
         self.tree = tree
         self.choices = choices
         self.device_verdict = device_verdict
-        self.accept_on_device = accept_on_device
 
-    def path(self) -> torch.Tensor:  # [nodes] root first, -1 after the deepest accepted node, on the device
-        if self.device_verdict is None:
-            tree = self.tree
-            if tree.num_nodes == 1:  # the root alone: nothing to walk
-                return torch.zeros(1, dtype=torch.long, device=tree.device)
-            buffers = (tree.ancestor_mask()[None], tree.depths[None])
-            self.device_verdict = self.accept_on_device(tree.tokens[None], tree.parents[None], self.choices, buffers)
-        return self.device_verdict.path[0]
+    def path_rows(self, depth: int) -> torch.Tensor:  # [depth + 1] on the device
+        """The root and the accepted node at each depth up to ``depth`` (the tree's deepest), the root (0) past the
+        deepest accepted one: the rows a method gathers along the path before the read.
+
+        Greedy, without the walk: a node is accepted when every node on its root path matches its parent's choice
+        (the ancestor mask), and each depth holds at most one accepted node, so one ``index_add_`` of the accepted
+        node indices by depth places them (a few tensor calls fewer than ``accept`` and its padding)."""
+        if self.device_verdict is not None:
+            return self.device_verdict.path[0, : depth + 1].clamp(min=0)
+        tree = self.tree
+        if depth == 0:  # the root alone
+            return torch.zeros(1, dtype=torch.long, device=tree.device)
+        matches = tree.tokens == self.choices[0].index_select(0, tree.parents.clamp(min=0))
+        matches[0] = True  # the root is committed
+        accepted = (tree.ancestor_mask() <= matches).all(dim=1)  # [nodes]
+        nodes = torch.arange(tree.num_nodes, device=tree.device).mul_(accepted)  # accepted node indices, 0 elsewhere
+        return torch.zeros(depth + 1, dtype=torch.long, device=tree.device).index_add_(0, tree.depths, nodes)
 
     def packed(self) -> torch.Tensor:  # [5 · nodes] greedy, [2 + 4 · nodes] sampling
         """What the step reads: the verdict's part and the tree's tokens, depths and origins (for the acceptance

@@ -112,8 +112,8 @@ class Method(ABC):
 
     def readback(self, tree: DraftTree, verdict: StepVerdict, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Device tensors ``observe`` wants on the host (``Observation.host``): read with the verdict, in the
-        step's one synchronisation. ``logits``: ``[num_nodes, vocab]``; ``verdict.path()`` walks the tree on the
-        device (a dozen tensor calls): only for rows along the accepted path."""
+        step's one synchronisation. ``logits``: ``[num_nodes, vocab]``; ``verdict.path_rows`` finds the accepted
+        nodes on the device, for rows along the path."""
         return ()
 
     def observe(self, observation: Observation) -> None:

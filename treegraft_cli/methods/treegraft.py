@@ -177,12 +177,11 @@ class TreeGraftMethod(Method):
         slots = () if self.built_tree.host else (tree.kv_slot,)
         if not self.keeps_target_logp:
             return slots
-        deepest = max(self.built_tree.listed("depths"))
-        return slots + self.target_rows(verdict.path()[: deepest + 1].clamp(min=0), logits)
+        return slots + self.target_rows(verdict.path_rows(max(self.built_tree.listed("depths"))), logits)
 
     def target_rows(
         self,
-        root_path: torch.Tensor,  # [m] the root and accepted node indices, root first, on the logits' device
+        root_path: torch.Tensor,  # [m] the root and accepted node indices, root first (the root may pad the end)
         logits: torch.Tensor,  # [num_nodes, vocab]
     ) -> tuple[torch.Tensor, torch.Tensor]:  # 2 x [m, W]
         """The target's top-W log-probs and tokens at ``root_path`` (host trees only: the n-gram drafter's)."""
