@@ -104,6 +104,19 @@ def test_unwritten_rows_yield_no_nodes():
     assert sorted(tree.tokens[1:].tolist()) == [4, 5] and bool((tree.depths[1:] == 1).all())
 
 
+def test_materialised_candidates_are_a_bare_root_graft():
+    """``materialise`` (what ``profile`` times for retrieval) grows the template from a root through the table: its
+    valid candidates are the nodes a graft on the bare root adds (which writes them depth by depth)."""
+    vocab, k = 8, 2
+    table = AdjacencyTable(k)
+    table.write_prompt(torch.tensor([3, 5, 6]), _one_hot_logits([[5, 6], [6, 1], [2, 7]], vocab))
+    template = build_template((2, 2), 10, k)
+    tokens, valid = table.materialise(3, template)
+    tree = table.graft(DraftTree.from_root(3), template, template.size)
+    assert sorted(tokens[valid].tolist()) == sorted(tree.tokens[1:].tolist()) and tree.size == 8
+    assert valid.tolist() == [True] * 8 + [False] * 2  # the last two hang below token 7, whose row was never written
+
+
 def test_duplicate_of_a_draft_child_merges_and_frees_its_slot():
     table = AdjacencyTable(3)
     table.write(torch.arange(4), _one_hot_logits([[1, 2, 3], [2, 3, 0], [3, 0, 1], [0, 1, 2]], 4))

@@ -42,17 +42,23 @@ class AdjacencyTable:
         the first logits written are."""
         self.k = k
         self.device = None if device is None else torch.device(device)
-        self.table: torch.Tensor | None = None  # [vocab, k] int64, allocated at the first write
-        self.written: torch.Tensor | None = None  # [vocab] bool
-        # [vocab + 2, k] the table with every unwritten row pointing at a sentinel token (vocab + 1, whose own
-        # row is all sentinels): grafting follows it without tracking which rows were written
+        # [vocab + 2, k], allocated at the first write: the table, a scratch row (vocab) that takes the writes a later
+        # one overrides, and a sentinel token's (vocab + 1) row of sentinels. Every unwritten row holds sentinels, so
+        # grafting follows the table without tracking which rows were written.
         self._successors: torch.Tensor | None = None
 
     def reset(self) -> None:
         """Forget every row."""
-        self.table = None
-        self.written = None
         self._successors = None
+
+    @property
+    def table(self) -> torch.Tensor | None:  # [vocab, k] int64: the sentinel (vocab + 1) in unwritten rows
+        return None if self._successors is None else self._successors[: self._successors.shape[0] - 2]
+
+    @property
+    def written(self) -> torch.Tensor | None:  # [vocab] bool
+        table = self.table
+        return None if table is None else table[:, 0] != table.shape[0] + 1
 
     @property
     def rows_written(self) -> int:
@@ -72,16 +78,14 @@ class AdjacencyTable:
         if tokens.numel() == 0:
             return
         self._allocate(logits)
-        device = self.table.device
+        device = self._successors.device
         tokens = on_device_of(tokens if tokens.dtype == torch.long else tokens.long(), device)
         rank = torch.arange(tokens.shape[0], device=device) if rank is None else on_device_of(rank, device)
         # entries of the tokens not written here keep older values: only this write's tokens are read back
         latest = self._latest.scatter_reduce_(0, tokens, rank, reduce="amax", include_self=False)  # [vocab + 1]
         overridden = latest.index_select(0, tokens) != rank  # [n]
-        rows = torch.where(overridden, self.table.shape[0], tokens)  # [n]; the scratch row past the table
+        rows = torch.where(overridden, self._successors.shape[0] - 2, tokens)  # [n]; the scratch row past the table
         top = on_device_of(torch.topk(logits, self.k, dim=-1).indices, device)
-        self._rows.index_copy_(0, rows, top)
-        self._written.index_fill_(0, rows, True)
         self._successors.index_copy_(0, rows, top)
 
     def write_prompt(
@@ -107,12 +111,8 @@ class AdjacencyTable:
 
     def _allocate(self, logits: torch.Tensor) -> None:
         vocab, device = logits.shape[-1], self.device or logits.device
-        if self.table is None or self.table.shape[0] < vocab:
-            # one scratch row past the vocabulary takes the writes a later one overrides
-            self._rows = torch.zeros(vocab + 1, self.k, dtype=torch.long, device=device)
-            self._written = torch.zeros(vocab + 1, dtype=torch.bool, device=device)
+        if self._successors is None or self._successors.shape[0] < vocab + 2:
             self._latest = torch.zeros(vocab + 1, dtype=torch.long, device=device)  # ``write``'s scratch: rank by token
-            self.table, self.written = self._rows[:vocab], self._written[:vocab]
             self._successors = torch.full((vocab + 2, self.k), vocab + 1, dtype=torch.long, device=device)
 
     def materialise(
@@ -120,23 +120,20 @@ class AdjacencyTable:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokens ``[S]`` of every template candidate grown from ``root_token``, and which are valid ``[S]``.
 
-        One batched gather per depth: ``x_u = M[x_parent(u), r_u]``. A candidate is valid when its
-        parent is and the parent's row was written.
+        One batched gather per depth: ``x_u = M[x_parent(u), r_u]``. A candidate is valid when its parent's row was
+        written (an unwritten row, and so every candidate below it, holds the sentinel token); invalid candidates'
+        tokens are the sentinel.
         """
         device = template.parents.device
         size = template.size
         tokens = torch.zeros(size + 1, dtype=torch.long, device=device)  # slot 0 is the root
-        valid = torch.zeros(size + 1, dtype=torch.bool, device=device)
-        if self.table is None:
-            return tokens[1:], valid[1:]
-        tokens[0], valid[0] = int(root_token), True
-        table, written = self.table.to(device), self.written.to(device)
+        if self._successors is None:
+            return tokens[1:], torch.zeros(size, dtype=torch.bool, device=device)
+        tokens[0] = int(root_token)
+        successors = self._successors.to(device)
         for level in template.levels:
-            parent = template.parents[level] + 1
-            parent_tokens = tokens[parent]
-            tokens[level + 1] = table[parent_tokens, template.ranks[level]]
-            valid[level + 1] = valid[parent] & written[parent_tokens]
-        return tokens[1:], valid[1:]
+            tokens[level + 1] = successors[tokens[template.parents[level] + 1], template.ranks[level]]
+        return tokens[1:], tokens[1:] != successors.shape[0] - 1
 
     def graft(self, tree: DraftTree, template: RankTemplate, slots: int, depth: int | None = None) -> DraftTree:
         """Hang up to ``slots`` new retrieved nodes from ``tree``'s root, merging duplicates (DESIGN.md §4).
@@ -158,16 +155,15 @@ class AdjacencyTable:
     def prepare(self, tree: DraftTree, template: RankTemplate, slots: int, depth: int | None = None) -> PendingGraft | None:
         """``graft``'s device work, without its read and without touching ``tree``; None when nothing can be
         grafted. A caller may read ``count`` together with other values, then ``finish``."""
-        if slots <= 0 or template.size == 0 or self.table is None:
+        if slots <= 0 or template.size == 0 or self._successors is None:
             return None
         device, n, size = tree.device, tree.num_nodes, template.size
         successors = on_device_of(self._successors, device)
         invalid = successors.shape[0] - 1  # the sentinel token: some row on the way was never written
         # per candidate (slot 0 the root): token, then the resolved node: an existing index, or n + slot - 1 if new
-        tokens = torch.zeros(size + 1, dtype=torch.long, device=device)
-        tokens[:1] = tree.tokens[:1]
-        node = torch.zeros(size + 1, dtype=torch.long, device=device)
-        node[1:] = template.fresh_all(device, n)  # every candidate new until it merges (``_resolve``)
+        # (every candidate's token is written below: only the root's matters here)
+        tokens = tree.tokens[:1].repeat(size + 1)
+        node = template.fresh_slots(device, n).clone()  # every candidate new until it merges (``_resolve``)
         columns = template.level_columns(device)
         if n == 1:  # a bare root: nothing to merge into, every candidate is new and scored by its priors alone
             scores = torch.cat([tree.scores, template.root_scores(device)])  # [1 + size] slot s holds node s
@@ -178,7 +174,7 @@ class AdjacencyTable:
             scores = torch.cat([tree.scores, tree.scores.new_empty(size)])  # [n + size]
             levels = template.fresh_levels(device, n)
             self._resolve(tree, template, tokens, node, scores, successors, levels, len(columns) if depth is None else depth)
-        is_new = (tokens[1:] != invalid) & (node[1:] >= n)  # [size] valid new candidates, in priority order
+        is_new = ((tokens != invalid) & (node >= n))[1:]  # [size] valid new candidates, in priority order
         kept = is_new & (torch.cumsum(is_new, 0) <= slots)
         return PendingGraft(tree, template, tokens, node, scores, kept, kept.sum())
 
@@ -194,10 +190,10 @@ class AdjacencyTable:
         depths = template.fresh_depths(device)
         order = torch.sort(torch.where(pending.kept, depths, size + 1), stable=True).indices[:count]  # depth order
         final = torch.arange(n + size, device=device)  # resolved node → index in the grown tree
-        final[n + order] = n + torch.arange(count, device=device)
+        final[n + order] = torch.arange(n, n + count, device=device)
         tree._reserve(count)
         chain = len(template.levels) - 1  # a depth-1 candidate's parent is in the tree: below, new ones at most
-        tree._write(n, final[pending.node[template.parents_on(device)[order] + 1]], pending.tokens[order + 1],
+        tree._write(n, final[pending.node[template.parent_slots_on(device)[order]]], pending.tokens[order + 1],
                     pending.scores[n + order], ORIGIN_ADJACENCY, generations=chain)
         return tree
 
@@ -219,7 +215,7 @@ class AdjacencyTable:
         (``_chains``) and are written at once."""
         n, device = tree.num_nodes, tree.device
         columns = template.level_columns(device)
-        existing = (tree.parents * (1 << 32) + tree.tokens)[None, :]  # [1, n] keys (parent, token)
+        existing = torch.add(tree.tokens, tree.parents, alpha=1 << 32)[None, :]  # [1, n] keys (parent, token)
         indices = torch.arange(n, device=device)
         resolving = min(tree_depth + 1, len(columns))  # the depths whose parents may be existing nodes
         levels = zip(columns[:resolving], fresh_levels, strict=False)
@@ -231,7 +227,7 @@ class AdjacencyTable:
             scores.index_copy_(0, fresh, score)
             if depth > tree_depth:
                 continue
-            same = (parent_node * (1 << 32) + token)[:, None] == existing  # [l, n]; sentinel tokens match nothing
+            same = torch.add(token, parent_node, alpha=1 << 32)[:, None] == existing  # [l, n]; sentinels match nothing
             resolved = torch.where(same, indices, fresh_column).amin(dim=1)  # the matching node, else the new one
             node.index_copy_(0, slot, resolved)
             scores.scatter_reduce_(0, resolved, score, reduce="amax")  # a merged node keeps the higher score

@@ -142,7 +142,7 @@ class RankTemplate:
         """Whole-template columns on ``device``, copied once per device (a per-instance memo)."""
         cache = self.__dict__.setdefault("_columns_on", {})
         if device not in cache:
-            cache[device] = {"parents": self.parents.to(device), "depths": self.depths.to(device),
+            cache[device] = {"parent_slots": (self.parents + 1).to(device), "depths": self.depths.to(device),
                              "fresh": torch.arange(self.size, device=device)}
         return cache[device]
 
@@ -159,22 +159,21 @@ class RankTemplate:
             )
         return cache[key]
 
-    def fresh_all(self, device: torch.device, n: int) -> torch.Tensor:  # [S]
-        """Every candidate's node index when new in a tree of ``n`` nodes (``n`` + candidate index), memoised."""
-        cache = self.__dict__.setdefault("_fresh_all", {})
+    def fresh_slots(self, device: torch.device, n: int) -> torch.Tensor:  # [1 + S]
+        """Each slot's node index when every candidate is new in a tree of ``n`` nodes: the root (0) at slot 0, then
+        ``n`` + candidate index; memoised (copy it before writing)."""
+        cache = self.__dict__.setdefault("_fresh_slots", {})
         key = (device, n)
         if key not in cache:
-            cache[key] = self.fresh_nodes(device) + n
+            cache[key] = torch.cat([torch.zeros(1, dtype=torch.long, device=device), self._on(device)["fresh"] + n])
         return cache[key]
 
-    def parents_on(self, device: torch.device) -> torch.Tensor:  # [S]
-        return self._on(device)["parents"]
+    def parent_slots_on(self, device: torch.device) -> torch.Tensor:  # [S]
+        """Each candidate's parent slot (its parent's candidate index + 1; the root's slot 0) on ``device``."""
+        return self._on(device)["parent_slots"]
 
     def fresh_depths(self, device: torch.device) -> torch.Tensor:  # [S]
         return self._on(device)["depths"]
-
-    def fresh_nodes(self, device: torch.device) -> torch.Tensor:  # [S] 0..S-1: candidate u becomes node n + u
-        return self._on(device)["fresh"]
 
     @property
     def counts(self) -> tuple[int, ...]:
