@@ -84,7 +84,7 @@ def test_table_update_matches_its_definition():
     tree.add_children(torch.tensor([0, 0]), torch.tensor([1, 7]), torch.tensor([-0.1, -0.2]), ORIGIN_MODEL)
     tree.add_children(torch.tensor([1, 2]), torch.tensor([5, 1]), torch.tensor([-0.3, -0.4]), ORIGIN_MODEL)
     logits = _one_hot_logits([[0, 7], [2, 3], [4, 5], [6, 0], [3, 2]], vocab)
-    table.write_verified(tree, torch.tensor([0, 1]), logits)  # the root, then the accepted node 1
+    table.write_verified(tree, [0, 1], logits)  # the root, then the accepted node 1
     assert table.table[6].tolist() == [0, 7]  # root: its verified successors replace the prompt's row
     assert table.table[1].tolist() == [2, 3]  # token 1 twice: the accepted node's row wins
     assert table.table[7].tolist() == [4, 5]

@@ -254,10 +254,11 @@ class DraftTree:
         m = parents.shape[0]
         b = self._buffers
         if generations:  # parents inside the batch: pointer doubling pulls in their rows
-            rows = self._mask.index_select(0, parents.clamp(max=n - 1))  # [m, capacity] the parent's row
+            # [m, capacity] the parent's row: an existing parent's ancestors, or an unwritten row (an inside parent's),
+            # which holds only its own diagonal, the parent itself
+            rows = self._mask.index_select(0, parents)
             rows[:, n : n + m].fill_diagonal_(True)
             inside = parents >= n
-            rows[:, :n] &= ~inside[:, None]
             up = torch.where(inside, parents - n, torch.arange(m, device=self._device))
             for _ in range(generations.bit_length()):
                 rows |= rows.index_select(0, up)

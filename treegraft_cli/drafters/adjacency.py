@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..hostlists import longs
 from ..lm import on_device_of
 from ..tree import ORIGIN_ADJACENCY, DraftTree
 from .rank_template import RankTemplate
@@ -98,16 +99,17 @@ class AdjacencyTable:
     def write_verified(
         self,
         tree: DraftTree,
-        root_path: torch.Tensor,  # [a + 1] the root and the accepted node indices, root first
+        root_path: list[int],  # [a + 1] the root and the accepted node indices, root first (the host's)
         logits: torch.Tensor,  # [num_nodes, vocab] target logits at every tree node
     ) -> None:
         """Write every verified node; the root and the accepted path last, so their rows win."""
         n = tree.num_nodes
-        root_path = on_device_of(root_path, tree.device)
         # node order, then the root and the accepted nodes after every other node: in path order, since nodes are
-        # stored parents first
-        rank = torch.arange(n, device=tree.device).index_add_(0, root_path, torch.full_like(root_path, n))
-        self.write(tree.tokens, logits, rank)
+        # stored parents first (ranked on the host, where the path is: one copy instead of three device calls)
+        rank = list(range(n))
+        for node in root_path:
+            rank[node] += n
+        self.write(tree.tokens, logits, on_device_of(longs(rank), tree.device))
 
     def _allocate(self, logits: torch.Tensor) -> None:
         vocab, device = logits.shape[-1], self.device or logits.device

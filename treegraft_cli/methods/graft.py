@@ -138,7 +138,7 @@ class AdjacencyMethod(Method):
         return self.table.graft(tree, self.template, self.config.tree.budget)
 
     def observe(self, observation: Observation) -> None:
-        self.table.write_verified(observation.tree, observation.root_path, observation.logits)
+        self.table.write_verified(observation.tree, [0, *observation.accepted_nodes], observation.logits)
 
     def drafter_calls(self) -> dict[str, int]:
         return {"adjacency": 1}
@@ -279,7 +279,7 @@ class GraftMethod(DenseMethod):
         if self.deferred is not None and len(observation.host) > 1:
             self.fired = self.first_below(self.deferred[0], float(host_value(observation.host[1])[0]))
         super().observe(observation)
-        self.table.write_verified(observation.tree, observation.root_path, observation.logits)
+        self.table.write_verified(observation.tree, [0, *observation.accepted_nodes], observation.logits)
 
     def drafter_calls(self) -> dict[str, int]:
         calls = super().drafter_calls()
