@@ -76,7 +76,7 @@ class AdjacencyTable:
         No data-dependent shapes: rows that a later write of the same token overrides go to a scratch row. Ranks are
         distinct, so each token's highest (one scatter into a buffer entry per token) picks its one winning write.
         """
-        if tokens.numel() == 0:
+        if tokens.shape[0] == 0:
             return
         self._allocate(logits)
         device = self._successors.device
@@ -172,8 +172,9 @@ class AdjacencyTable:
             chained, _ = _chains(successors, template, device, 1, tokens[:1], None)
             tokens.index_copy_(0, template.tail(device, n, 1)[0], chained)
         else:
-            # scores by resolved node: the tree's nodes, then every candidate's own (a merged one's too)
-            scores = torch.cat([tree.scores, tree.scores.new_empty(size)])  # [n + size]
+            # scores by resolved node: the tree's nodes, then every candidate's own (a merged one's too), all written
+            # in ``_resolve``: the memoised root scores only fill the room
+            scores = torch.cat([tree.scores, template.root_scores(device)])  # [n + size]
             levels = template.fresh_levels(device, n)
             self._resolve(tree, template, tokens, node, scores, successors, levels, len(columns) if depth is None else depth)
         is_new = ((tokens != invalid) & (node >= n))[1:]  # [size] valid new candidates, in priority order
