@@ -197,10 +197,10 @@ def verify_sampling(
 class StepVerdict:
     """The target's verdict on one decoding step's tree, kept for the step's one read.
 
-    Greedy (``from_choices``): the target's choice at every node stays on the device, is read with the tree's
+    Greedy (built on ``choices``): the target's choice at every node stays on the device, is read with the tree's
     columns and walked on the host (``accept_on_host``), a dozen tensor calls fewer than walking on the device.
     A method's ``readback`` that gathers rows along the path before the read finds them with ``path_rows``. Sampling
-    (``from_device``): the backend's device verdict, whose draws only its own walk consumes.
+    (built on ``device_verdict``): the backend's verdict, whose draws only its own walk consumes.
     """
 
     def __init__(
