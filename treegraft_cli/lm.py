@@ -32,7 +32,7 @@ def gather_rows(
     start: int,
 ) -> None:
     """In place: row ``keep_positions[j]`` moves to ``start + j`` in every tensor (torch reference, one gather each)."""
-    m = keep_positions.numel()
+    m = keep_positions.shape[0]
     if m == 0:
         return
     for tensor in tensors:
@@ -333,7 +333,7 @@ class CausalLM:
                 by_device.setdefault(tensor.device, []).append(tensor)
             for device, tensors in by_device.items():
                 with on_device(device):
-                    (gather or gather_rows)(tensors, keep_positions.to(device, non_blocking=True), start)
+                    (gather or gather_rows)(tensors, on_device_of(keep_positions, device), start)
         self.crop(start + m)
 
     def _row_tensors(self) -> list[torch.Tensor]:

@@ -34,7 +34,7 @@ class PendingGraft:
     node: torch.Tensor  # [size + 1] the node each candidate resolves to
     scores: torch.Tensor  # [n + size] by resolved node, merges raised
     kept: torch.Tensor  # [size] bool: the new candidates that fit the slots
-    count: torch.Tensor  # [] int64: how many are kept
+    count: torch.Tensor  # [] float32: how many are kept (read together with a score)
 
 
 class AdjacencyTable:
@@ -179,7 +179,7 @@ class AdjacencyTable:
             self._resolve(tree, template, tokens, node, scores, successors, levels, len(columns) if depth is None else depth)
         is_new = ((tokens != invalid) & (node >= n))[1:]  # [size] valid new candidates, in priority order
         kept = is_new & (torch.cumsum(is_new, 0) <= slots)
-        return PendingGraft(tree, template, tokens, node, scores, kept, kept.sum())
+        return PendingGraft(tree, template, tokens, node, scores, kept, kept.sum(dtype=torch.float32))
 
     @staticmethod
     def finish(pending: PendingGraft, count: int) -> DraftTree:

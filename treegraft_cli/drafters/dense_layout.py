@@ -249,13 +249,14 @@ class DenseDraft:
         tokens = torch.cat([on_device_of(self.root, self.tokens[0].device), *self.tokens])  # [1 + P]
         scores = torch.cat([layout.root_score, *self.scores])  # [1 + P]
         parents, forwarded = layout.parents_and_forwarded(self, n)
-        slots = _prefix(layout.no_rows, n).clone()
+        slots = _prefix(layout.no_rows, n)  # the stack below copies it
         if forwarded is not None:
-            slots.index_copy_(0, forwarded, _prefix(layout.forward_rows, forwarded.shape[0]) + self.first_row)
+            slots = slots.clone().index_copy_(0, forwarded, _prefix(layout.forward_rows, forwarded.shape[0]) + self.first_row)
         depths = _prefix(layout.depths, n)
         columns = torch.stack([tokens, parents, depths, slots])  # [4, 1 + P], DraftTree's int64 block
         if self.size <= budget:
-            return layout.tree(columns, scores, _prefix(layout.origins, n).clone(), len(self.tokens), capacity)
+            origins = _prefix(layout.origins, n)  # a tree with room gets a padded copy; one without takes it as it is
+            return layout.tree(columns, scores, origins if capacity > n else origins.clone(), len(self.tokens), capacity)
         kept = best_by_score(scores, budget)  # [1 + N] the root first
         columns = columns.index_select(1, kept)
         reindex_parents(kept, columns[1])

@@ -236,7 +236,7 @@ class GraftMethod(DenseMethod):
         if pending is None:
             log_confidence = read(best)
         else:
-            log_confidence, count = read(torch.stack([best, pending.count.to(best.dtype)]))
+            log_confidence, count = read(torch.stack([best, pending.count]))
         self.fired = self.first_below(stages, log_confidence)
         if self.fired is None:
             return None
