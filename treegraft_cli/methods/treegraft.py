@@ -190,14 +190,13 @@ class TreeGraftMethod(Method):
     def observe(self, observation: Observation) -> None:
         a = observation.num_accepted
         tree, host = self.built_tree, observation.host
-        path = longs(observation.accepted_nodes)  # host, root excluded
         if self.strong is not None:
             forwarded = None  # counted from the tree: a host tree's rows, or one read of a device tree's
             if not tree.host and host:
                 with host_only():
                     slots, host = host[0].tolist(), host[1:]
                 forwarded = next((j for j, node in enumerate(observation.accepted_nodes) if slots[node] < 0), a)
-            self.strong.commit(tree, path, forwarded)
+            self.strong.commit(tree, observation.path, forwarded)
         with host_only():
             self.index.extend(observation.new_tokens)
             # the root and the accepted nodes were verified on the committed prefix: their target rows are exact
@@ -211,7 +210,7 @@ class TreeGraftMethod(Method):
                 root_position = observation.committed.shape[0] - a - 2
                 self.target_logp.append_top(root_position, values, tokens)
             # the target's token after each verified node: the next accepted node's, then the bonus
-            verified = longs([0, *observation.accepted_nodes])
+            verified = observation.root_path
             self.policy.observe(tree, verified, longs(observation.new_tokens))
             if self.history is not None:
                 calls = sum(record.called for record in self.last_records)
