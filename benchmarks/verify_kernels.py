@@ -17,7 +17,12 @@ import torch
 from treegraft_cli import lm, verify
 from treegraft_cli.kernels import triton_status
 
-SAMPLING = (0.7, 50, 0.9)  # temperature, top-k, top-p: every filter on, the costliest path
+SAMPLING = {  # (temperature, top-k, top-p): each filter on its own and both (the costliest path)
+    "sample": (0.7, 0, 1.0),
+    "sample k": (0.7, 50, 1.0),
+    "sample p": (0.7, 0, 0.9),
+    "sample k+p": (0.7, 50, 0.9),
+}
 KV = dict(layers=28, heads=8, seq=1024, head_dim=128)  # a 7-8B-class cache, bf16
 
 
@@ -59,18 +64,20 @@ def cases(n: int, vocab: int, device: torch.device, dtype: torch.dtype):
     if triton_status(device)[0] and device.type == "cuda":
         from treegraft_cli.kernels import greedy, kv_commit, sampling, tree_buffers
 
-        kernels = dict(
-            tree_buffers=lambda: tree_buffers.tree_buffers(parents),
-            greedy=lambda: greedy.verify_greedy(logits, tokens, parents),
-            sampling=lambda: sampling.verify_sampling(logits, tokens, parents, uniforms, *SAMPLING),
-            kv_commit=lambda: kv_commit.gather_rows(kv, keep, start),
-        )
-    references = dict(
-        tree_buffers=lambda: verify.tree_buffers(parents),
-        greedy=lambda: verify.verify_greedy(logits, tokens, parents),
-        sampling=lambda: verify.verify_sampling(logits, tokens, parents, uniforms, *SAMPLING),
-        kv_commit=lambda: lm.gather_rows(kv, keep, start),
-    )
+        kernels = {
+            "tree_buffers": lambda: tree_buffers.tree_buffers(parents),
+            "greedy": lambda: greedy.verify_greedy(logits, tokens, parents),
+            **{name: lambda f=filters: sampling.verify_sampling(logits, tokens, parents, uniforms, *f)
+               for name, filters in SAMPLING.items()},
+            "kv_commit": lambda: kv_commit.gather_rows(kv, keep, start),
+        }
+    references = {
+        "tree_buffers": lambda: verify.tree_buffers(parents),
+        "greedy": lambda: verify.verify_greedy(logits, tokens, parents),
+        **{name: lambda f=filters: verify.verify_sampling(logits, tokens, parents, uniforms, *f)
+           for name, filters in SAMPLING.items()},
+        "kv_commit": lambda: lm.gather_rows(kv, keep, start),
+    }
     for name, reference in references.items():
         yield name, reference, (kernels or {}).get(name)
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 
 from .errors import ConfigError
+from .kv_cache import cache_keyword
 
 MODES = ("off", "static", "compile", "cudagraphs")
 CAPTURED_ROWS = 64  # padded forwards of at most this many rows; a longer one (a prompt) runs eagerly
@@ -48,6 +49,7 @@ class StaticForwards:
     def __init__(self, model: torch.nn.Module, mode: str, capacity: int, dtype: torch.dtype, device: torch.device):
         self.model, self.mode, self.capacity = model, mode, capacity
         self.dtype, self.device = dtype, device
+        self.cache_keyword = cache_keyword(model)
         self.runners: dict[int, Callable[[], torch.Tensor]] = {}  # bucket → run the forward on its buffers
         self.buffers: dict[int, dict[str, torch.Tensor]] = {}
         self.compiled = torch.compile(model, mode="reduce-overhead" if device.type == "cuda" else "default",
@@ -141,7 +143,7 @@ class StaticForwards:
     def _runner(self, cache, buffers) -> Callable[[], torch.Tensor]:
         def call(model) -> torch.Tensor:
             return model(input_ids=buffers["tokens"], position_ids=buffers["positions"], attention_mask=buffers["mask"],
-                         cache=cache, use_cache=True).logits[0]
+                         **{self.cache_keyword: cache}, use_cache=True).logits[0]
 
         if self.mode == "static":
             return lambda: call(self.model)

@@ -19,6 +19,7 @@ committed layer by layer.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,12 @@ if TYPE_CHECKING:
     from transformers import PreTrainedConfig
 
 MIN_CAPACITY = 256  # rows a block holds at first, at least: a prompt and a few steps without growing
+
+
+def cache_keyword(module: torch.nn.Module) -> str:
+    """The keyword under which ``module``'s forward takes the KV cache: ``cache`` from transformers 5.24 on (where
+    ``past_key_values`` is deprecated), ``past_key_values`` before it."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 class KVBlock:

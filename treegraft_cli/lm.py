@@ -20,7 +20,7 @@ import torch
 from transformers import PreTrainedModel, StaticCache
 
 from .capture import CAPTURED_ROWS, StaticForwards, bucket
-from .kv_cache import BlockCache
+from .kv_cache import BlockCache, cache_keyword
 from .syncs import uncounted
 
 GatherRows = Callable[[Sequence[torch.Tensor], torch.Tensor, int], None]
@@ -84,6 +84,7 @@ class CausalLM:
 
     def __init__(self, model: PreTrainedModel):
         self.model = model
+        self._cache_keyword = cache_keyword(model)
         self._device, self._dtype = model.device, model.dtype  # the model's properties walk its parameters
         self.cache: BlockCache | StaticCache = self._dynamic_cache()
         self.forward_calls = 0
@@ -223,7 +224,7 @@ class CausalLM:
                 input_ids=input_ids[None],
                 position_ids=position_ids[None],
                 attention_mask=attention_mask,
-                cache=self.cache,
+                **{self._cache_keyword: self.cache},
                 use_cache=True,
                 **({"logits_to_keep": logits_to_keep} if logits_to_keep > 0 else {}),
             )

@@ -19,6 +19,8 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
+from ..kv_cache import cache_keyword
+
 
 def target_hidden_size(config: LlamaConfig) -> int:
     """Hidden size of the target whose states ``fc`` fuses (the head's own size unless the config says)."""
@@ -36,6 +38,7 @@ class Eagle3Layer(nn.Module):
         super().__init__()
         hidden = config.hidden_size
         self.self_attn = LlamaAttention(config, layer_idx=0)
+        self.cache_keyword = cache_keyword(self.self_attn)
         # q/k/v read concat(embedding, feature): twice the hidden size
         head_dim = self.self_attn.head_dim
         bias = config.attention_bias
@@ -60,7 +63,7 @@ class Eagle3Layer(nn.Module):
             hidden_states=attn_input,
             position_embeddings=position_embeddings,
             attention_mask=attention_mask,
-            cache=cache,
+            **{self.cache_keyword: cache},
         )
         hidden = features + attn_output
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
