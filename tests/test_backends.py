@@ -59,12 +59,29 @@ def test_engine_greedy_tokens_match(tiny_self_pair):
 
 
 @needs_triton
-def test_engine_sampled_tokens_match(tiny_self_pair):
-    """Same seed, same uniforms: the kernel samples the same tokens as the reference."""
-    sampling = SamplingConfig(temperature=0.8, top_k=40, top_p=0.95)
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0.8), SamplingConfig(temperature=0.8, top_k=40, top_p=0.95)],
+                         ids=["kernel", "filtered"])
+def test_engine_sampled_tokens_match(tiny_self_pair, sampling):
+    """Same seed, same uniforms: the Triton backend samples the same tokens as the reference."""
     prompt = random_prompt(seed=22)
     outputs = [
         speculative(tiny_self_pair, DecodeConfig(method="dense", tree=SMALL_TREE, max_new_tokens=8, sampling=sampling, kernels=k, seed=3), prompt)
         for k in ("torch", "triton")
     ]
     assert outputs[0].output_ids == outputs[1].output_ids
+
+
+@needs_triton
+@pytest.mark.parametrize(("top_k", "top_p", "kernel_calls"), [(0, 1.0, 1), (40, 1.0, 0), (0, 0.9, 0), (64, 1.0, 1)])
+def test_sampling_takes_the_kernel_only_without_filters(monkeypatch, top_k, top_p, kernel_calls):
+    """top-k or top-p run the reference (a sort beats the kernel's bisection on a GPU); top-k of the whole
+    vocabulary is no filter."""
+    backend = select_backend("triton", torch.device("cpu"))
+    calls = []
+    kernel = backend._sampling
+    monkeypatch.setattr(backend, "_sampling", lambda *args: calls.append(1) or kernel(*args))
+    logits = torch.randn(1, 3, 64, generator=torch.Generator().manual_seed(0))
+    tokens, parents = torch.tensor([[0, 5, 9]]), torch.tensor([[-1, 0, 0]])
+    uniforms = torch.rand(1, 3, generator=torch.Generator().manual_seed(1))
+    backend.verify_sampling(logits, tokens, parents, uniforms, 0.8, top_k, top_p)
+    assert len(calls) == kernel_calls

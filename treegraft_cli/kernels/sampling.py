@@ -12,6 +12,8 @@ this agrees token for token except when ``u * total`` or ``top_p`` lands within 
 cumulative-mass boundary, and, for top-p, on exactly tied logits at the cut (the reference keeps part of
 a tie group in sort order, the kernel keeps all of it).
 Why the acceptance is lossless is in ``verify.py``'s docstring; drafter scores never enter.
+The Triton backend calls it only for plain temperature sampling: with a filter on, the reference's one sort is
+faster on a GPU (``backends.TritonBackend.verify_sampling``).
 """
 
 from __future__ import annotations
