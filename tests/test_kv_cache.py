@@ -84,3 +84,17 @@ def test_a_new_request_keeps_the_buffer(tiny_pair):
     logits = lm.forward(prompt)
     assert lm.cache.blocks[0].buffer is buffer
     torch.testing.assert_close(logits, CausalLM(target.model).forward(prompt), atol=0, rtol=0)
+
+
+def test_cache_keyword_follows_the_forward_signature():
+    """transformers 5.24 renamed the forwards' ``past_key_values`` to ``cache``; the cache goes under whichever the
+    installed release takes (under the other name an older release would decode without a cache)."""
+
+    class Older(torch.nn.Module):
+        def forward(self, input_ids, past_key_values=None, **kwargs): ...
+
+    class Newer(torch.nn.Module):
+        def forward(self, input_ids, cache=None, **kwargs): ...
+
+    assert kv_cache.cache_keyword(Older()) == "past_key_values"
+    assert kv_cache.cache_keyword(Newer()) == "cache"
