@@ -160,8 +160,10 @@ class OpenLayout(DenseLayout):
         self.own_rows = [torch.zeros(k, step_rows, dtype=torch.bool, device=device) for _ in range(depth - 1)]
         for f, own in enumerate(self.own_rows):
             own[:, f * k : (f + 1) * k] = self.eye
-        self.pool_tokens = torch.zeros(size, dtype=torch.long, device=device)  # [1 + P]
-        self.pool_parents = torch.zeros(size, dtype=torch.long, device=device)  # [1 + P] the root's children: 0
+        # tokens, parents and depths of the pool in one block, so a layer gathers its forwarded nodes' in one call
+        self.pool = torch.stack([torch.zeros(size, dtype=torch.long, device=device),
+                                 torch.zeros(size, dtype=torch.long, device=device), self.depths])  # [3, 1 + P]
+        self.pool_tokens, self.pool_parents = self.pool[0], self.pool[1]  # views; the root's children's parent: 0
         self.pool_parents[0] = -1
         self.open_scores = torch.full((size,), float("-inf"), device=device)  # [1 + P] −inf: the root, forwarded
         self.lineage = torch.zeros(size, step_rows, dtype=torch.bool, device=device)  # [1 + P, rows] the root: none
@@ -176,18 +178,18 @@ class OpenLayout(DenseLayout):
         yield drafted
         for layer in range(1, self.depth):
             n = 1 + self.pool_nodes(layer)  # nodes so far, root included
-            picked, picked_scores = self._positions(n, layer + 1)  # [K] best first
+            picked, picked_scores = self._positions(n, layer + 1)  # [K] best first, [K, 1]
             ascending = torch.sort(picked)
             forwarded = ascending.values
-            sees = self.lineage.index_select(0, self.pool_parents.index_select(0, forwarded))  # [K, rows]
+            forwarded_tokens, forwarded_parents, forwarded_depths = self.pool.index_select(1, forwarded).unbind()
+            sees = self.lineage.index_select(0, forwarded_parents)  # [K, rows]
             sees.bitwise_or_(self.own_rows[layer - 1])
             self.lineage.index_copy_(0, forwarded, sees)
-            logits = drafter.forward_block(self.pool_tokens.index_select(0, forwarded),
-                                           self.depths.index_select(0, forwarded), sees[:, : layer * k])
-            logp, children = torch.topk(log_softmax_float32(logits), k, dim=-1)  # [K, K] in forward order
+            logits = drafter.forward_block(forwarded_tokens, forwarded_depths, sees[:, : layer * k])
             by_rank = torch.argsort(ascending.indices)  # row of each position, best first
-            logp, children = logp.index_select(0, by_rank), children.index_select(0, by_rank)
-            scores = (logp + picked_scores[:, None]).view(-1)  # [K · K] cumulative, parent by parent
+            # rows put best first before the top-k, which works row by row: the same values as after it
+            logp, children = torch.topk(log_softmax_float32(logits).index_select(0, by_rank), k, dim=-1)  # [K, K]
+            scores = (logp + picked_scores).view(-1)  # [K · K] cumulative, parent by parent
             tokens = children.view(-1)
             self.pool_parents[n : n + k * k] = picked.index_select(0, self.child_spread)
             self._write_block(n, tokens, scores)
@@ -196,14 +198,15 @@ class OpenLayout(DenseLayout):
             drafted.add_layer(tokens, scores)
             yield drafted
 
-    def _positions(self, n: int, run_layer: int) -> tuple[torch.Tensor, torch.Tensor]:  # [K] nodes and scores
-        """The K best open nodes among the first ``n``, best first, within the lookback of the run's layer."""
+    def _positions(self, n: int, run_layer: int) -> tuple[torch.Tensor, torch.Tensor]:  # [K] nodes, [K, 1] scores
+        """The K best open nodes among the first ``n``, best first, within the lookback of the run's layer, and
+        their scores as a column."""
         window = self.open_scores[:n]
         lowest = run_layer - self.lookback
         if lowest > 0:
             window = torch.where(self.depths[:n] >= lowest, window, float("-inf"))
         ranked = torch.sort(window, descending=True, stable=True)
-        return ranked.indices[: self.width], ranked.values[: self.width]
+        return ranked.indices[: self.width], ranked.values[: self.width, None]
 
     def _write_block(self, first: int, tokens: torch.Tensor, scores: torch.Tensor) -> None:  # [m] twice
         self.pool_tokens[first : first + tokens.shape[0]] = tokens
