@@ -24,6 +24,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported
 import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
+from collections import Counter  # noqa: E402
 from dataclasses import replace  # noqa: E402
 
 import torch  # noqa: E402
@@ -70,6 +71,8 @@ def audit(decoder, inputs: list[torch.Tensor], device: torch.device) -> dict:
         "syncs_per_step": per_step(audited, lambda s: s.syncs),
         "audited_syncs_per_step": per_step(audited, lambda s: s.audited_syncs or 0),
         "driver_syncs_per_step": len(driver) / audited_steps if device.type == "cuda" and audited_steps else None,
+        # where the driver's synchronisations came from, per step: the lines to look at when it counts more than the audit
+        "driver_sync_sites": {site: count / audited_steps for site, count in Counter(driver).most_common(5)} if audited_steps else {},
         "torch_calls_per_step": auditor.torch_calls / audited_steps if audited_steps else 0.0,
         "audited_calls": dict(sorted(auditor.calls.items())),
     }
@@ -114,6 +117,10 @@ def table(rows: dict[str, dict]) -> str:
             f"{name:<12} {r['steps']:>6} {r['tau']:>5.2f} {r['host_ms_per_step']:>13.3f} {r['host_ms_best']:>6.3f} {r['host_ms_spread']:>6.3f} "
             f"{r['host_ms_per_step'] / r['step_ms_per_step']:>8.1%} {r['syncs_per_step']:>11.2f} {r['audited_syncs_per_step']:>8.2f} {r['torch_calls_per_step']:>12.1f}{driver}"
         )
+    for name, r in rows.items():  # where the driver counts clearly more than the step's own reads
+        if r["driver_syncs_per_step"] is not None and r["driver_syncs_per_step"] > r["syncs_per_step"] + 0.5:
+            sites = ", ".join(f"{'/'.join(site.rsplit('/', 2)[-2:])} {per_step:.2f}" for site, per_step in r["driver_sync_sites"].items())
+            lines.append(f"  {name}: the driver's synchronisations per step by line: {sites}")
     return "\n".join(lines)
 
 

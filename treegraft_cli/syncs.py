@@ -199,7 +199,9 @@ def uncounted() -> _AuditorScope:
 
 @contextmanager
 def cuda_sync_debug(device: torch.device) -> Iterator[list[str]]:
-    """On CUDA: the driver-level synchronisations in the block, one message each (``set_sync_debug_mode``)."""
+    """On CUDA: the driver-level synchronisations in the block (``set_sync_debug_mode``), one entry each: the Python
+    line that made the synchronising call (``file:line``), so one the auditor cannot see on a CPU (a blocking
+    host-to-device copy) can be found."""
     messages: list[str] = []
     if device.type != "cuda":
         yield messages
@@ -212,7 +214,7 @@ def cuda_sync_debug(device: torch.device) -> Iterator[list[str]]:
             yield messages
         finally:
             torch.cuda.set_sync_debug_mode(previous)
-    messages.extend(str(w.message) for w in caught if "synchroniz" in str(w.message))
+    messages.extend(f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message))
 
 
 def host_only() -> _AuditorScope:
