@@ -147,7 +147,7 @@ class OpenLayout(DenseLayout):
 
     The pool's tokens, parents, open scores and lineage live in buffers kept across steps: every entry a step
     reads it has written that step, or holds the layout's constant (the root's parent, its children's, its
-    lineage).
+    lineage), except the open scores, which a step starts by clearing so that one sort ranks the whole pool.
     """
 
     def __init__(self, drafter: ModelDrafter, depth: int, width: int, budget: int, lookback: int):
@@ -165,7 +165,7 @@ class OpenLayout(DenseLayout):
                                  torch.zeros(size, dtype=torch.long, device=device), self.depths])  # [3, 1 + P]
         self.pool_tokens, self.pool_parents = self.pool[0], self.pool[1]  # views; the root's children's parent: 0
         self.pool_parents[0] = -1
-        self.open_scores = torch.full((size,), float("-inf"), device=device)  # [1 + P] −inf: the root, forwarded
+        self.open_scores = torch.full((size,), float("-inf"), device=device)  # [1 + P] −inf: the root, forwarded, unwritten
         self.lineage = torch.zeros(size, step_rows, dtype=torch.bool, device=device)  # [1 + P, rows] the root: none
 
     def layers(self, committed: torch.Tensor) -> Iterator[DenseDraft]:  # committed: [L], root last
@@ -173,12 +173,13 @@ class OpenLayout(DenseLayout):
         logp, children = torch.topk(drafter.begin_step_logp(committed), k, dim=-1)  # [1, K]
         drafted = DenseDraft(self, committed[-1:], drafter.committed_length)
         scores, tokens = logp.view(-1), children.view(-1)  # the root's score is 0: its children score their own
+        self.open_scores.fill_(float("-inf"))  # the last step's blocks: nothing is open until a layer writes it
         self._write_block(1, tokens, scores)
         drafted.add_layer(tokens, scores)
         yield drafted
         for layer in range(1, self.depth):
             n = 1 + self.pool_nodes(layer)  # nodes so far, root included
-            picked, picked_scores = self._positions(n, layer + 1)  # [K] best first, [K, 1]
+            picked, picked_scores = self._positions(layer + 1)  # [K] best first, [K, 1]
             ascending = torch.sort(picked)
             forwarded = ascending.values
             forwarded_tokens, forwarded_parents, forwarded_depths = self.pool.index_select(1, forwarded).unbind()
@@ -198,13 +199,14 @@ class OpenLayout(DenseLayout):
             drafted.add_layer(tokens, scores)
             yield drafted
 
-    def _positions(self, n: int, run_layer: int) -> tuple[torch.Tensor, torch.Tensor]:  # [K] nodes, [K, 1] scores
-        """The K best open nodes among the first ``n``, best first, within the lookback of the run's layer, and
-        their scores as a column."""
-        window = self.open_scores[:n]
+    def _positions(self, run_layer: int) -> tuple[torch.Tensor, torch.Tensor]:  # [K] nodes, [K, 1] scores
+        """The K best open nodes, best first, within the lookback of the run's layer, and their scores as a column.
+        The whole pool is sorted: the nodes not written yet are −inf, after every written one (a stable sort keeps
+        the −inf ones in index order, so the written nodes' ranks are those of a sort of the written prefix)."""
+        window = self.open_scores
         lowest = run_layer - self.lookback
         if lowest > 0:
-            window = torch.where(self.depths[:n] >= lowest, window, float("-inf"))
+            window = torch.where(self.depths >= lowest, window, float("-inf"))
         ranked = torch.sort(window, descending=True, stable=True)
         return ranked.indices[: self.width], ranked.values[: self.width, None]
 

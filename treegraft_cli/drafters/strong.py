@@ -28,6 +28,7 @@ class TreeDrafter(ModelDrafter):
         super().__init__(lm)
         self.logp_rows = LogProbRows()  # row 0 the root, then nodes in forward order
         self.root_length = -1  # committed length whose root row is row 0 (kept so a step can be drafted twice: collect)
+        self.no_nodes = torch.zeros(0, dtype=torch.long, device=self.device)  # [0]: a forward of the pending tokens alone
 
     @property
     def logp(self) -> torch.Tensor:  # [rows, vocab] float32
@@ -70,8 +71,10 @@ class TreeDrafter(ModelDrafter):
             if p:
                 tokens = torch.cat([pending, tokens])
                 positions = torch.cat([torch.arange(self.committed_length, length, device=self.device), positions])
-        else:  # the pending tokens alone (a step's first call grafting under the root): a causal mask over them
-            mask, tokens = self._pending_mask(p, total), pending
+        else:  # the pending tokens alone (a step's first call grafting under the root): a causal mask over them,
+            # the model's own when the cache holds no row of this step
+            mask = self._pending_mask(p, total) if self.committed_length < cache_length else None
+            tokens = pending
             positions = torch.arange(self.committed_length, length, device=self.device)
         kept = m + (1 if p else 0)  # the root's row (last pending) and the nodes': never the prompt's
         logits = self.lm.forward(tokens, positions, logits_to_keep=kept, mask=mask)
@@ -90,7 +93,7 @@ class TreeDrafter(ModelDrafter):
     def begin_step_logp(self, committed: torch.Tensor) -> torch.Tensor:  # committed: [L], root last -> [1, vocab]
         """The root's log-probs from the pending committed tokens forwarded as ``forward`` forwards them (row 0 of
         ``logp``, kept for a redraft of the step)."""
-        self.forward(committed, None, committed[:0], None, None)
+        self.forward(committed, None, self.no_nodes, None, None)
         return self.logp[:1]
 
     def _pending_mask(self, p: int, total: int) -> torch.Tensor:  # -> [p, total] additive
