@@ -171,7 +171,8 @@ class CausalLM:
         position_ids: torch.Tensor | None = None,  # [n]; default: continue after the cache
         visible: torch.Tensor | None = None,  # [n, cache_length + n] bool; default: causal
         logits_to_keep: int = 0,
-        mask: torch.Tensor | None = None,  # [n, cache_length + n] additive, in self.dtype: instead of ``visible``
+        mask: torch.Tensor | None = None,  # [n, cache_length + n] or [1, 1, n, cache_length + n] additive, in
+        # self.dtype: instead of ``visible``
     ) -> torch.Tensor:
         """Append ``input_ids`` to the cache and return their logits ``[n, vocab]``.
 
@@ -182,8 +183,10 @@ class CausalLM:
         if mask is None and visible is not None:
             mask = additive_mask(visible, self.dtype)[0, 0]
         if self.static is not None:
-            return self._forward_static_rows(input_ids, position_ids, mask, logits_to_keep)
-        return self._forward(input_ids, position_ids, None if mask is None else mask[None, None], logits_to_keep)
+            rows_mask = mask if mask is None or mask.ndim == 2 else mask[0, 0]
+            return self._forward_static_rows(input_ids, position_ids, rows_mask, logits_to_keep)
+        return self._forward(input_ids, position_ids, mask if mask is None or mask.ndim == 4 else mask[None, None],
+                             logits_to_keep)
 
     def _forward_static_rows(self, input_ids, position_ids, mask, logits_to_keep: int) -> torch.Tensor:
         """``forward`` over the static cache: padded to a bucket (``StaticForwards.rows_inputs``) up to
@@ -289,13 +292,14 @@ class CausalLM:
             return self.forward(tokens)
         # the tree's part picked from two constants, the committed prefix (all visible: 0) padded in front
         visible, hidden = self.mask_values()
-        mask = torch.nn.functional.pad(torch.where(ancestor_mask, visible, hidden), (prefix, 0))  # [n, prefix + n]
-        return self._forward(tokens, prefix + depths, mask[None, None])
+        mask = torch.nn.functional.pad(torch.where(ancestor_mask, visible, hidden), (prefix, 0))  # [1, 1, n, prefix + n]
+        return self._forward(tokens, prefix + depths, mask)
 
     def mask_values(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """0-d additive-mask values in the model's dtype on its device, made once: visible (0), hidden."""
+        """Additive-mask values ``[1, 1, 1, 1]`` in the model's dtype on its device, made once: visible (0), hidden.
+        ``torch.where`` of an ``[n, width]`` bool mask between them is the model's 4-D mask, with no reshaping call."""
         if self._mask_constants is None:
-            zero = torch.zeros((), dtype=self.dtype, device=self.device)
+            zero = torch.zeros((1, 1, 1, 1), dtype=self.dtype, device=self.device)
             self._mask_constants = (zero, torch.full_like(zero, torch.finfo(self.dtype).min))
         return self._mask_constants
 

@@ -126,7 +126,7 @@ class ModelDrafter:
         which rows hold what (a fixed layout), so no tree is read.
         """
         visible, hidden = self.lm.mask_values()
-        mask = torch.nn.functional.pad(torch.where(lineage, visible, hidden), (self.committed_length, 0))
+        mask = torch.nn.functional.pad(torch.where(lineage, visible, hidden), (self.committed_length, 0))  # [1, 1, m, ·]
         if isinstance(depth, int):
             positions = torch.full((tokens.shape[0],), self.committed_length - 1 + depth, device=self.device)
         else:
