@@ -56,6 +56,24 @@ class DenseLayout:
         self.no_rows = torch.full((1 + self.pool_size,), -1, dtype=torch.long, device=device)
         self.eye = torch.eye(k, dtype=torch.bool, device=device)
         self.root_score = torch.zeros(1, device=device)
+        size = 1 + self.pool_size
+        # tokens, parents and depths of the pool in one block (``OpenLayout`` gathers a layer's forwarded nodes' in one
+        # call), and the scores: each layer's top-k writes its children's tokens and scores straight into its block
+        self.pool = torch.stack([torch.zeros(size, dtype=torch.long, device=device),
+                                 torch.zeros(size, dtype=torch.long, device=device), self.depths])  # [3, 1 + P]
+        self.pool_tokens, self.pool_parents = self.pool[0], self.pool[1]  # views; the root's children's parent: 0
+        self.pool_parents[0] = -1
+        self.fresh_scores = torch.full((size,), float("-inf"), device=device)  # [1 + P] a step's start: the root's 0
+        self.fresh_scores[0] = 0.0
+        self.pool_scores = self.fresh_scores.clone()  # [1 + P] cumulative log-probs
+        self.child_logp = torch.empty(k, k, device=device)  # [K, K] a layer's top-k log-probs, before its parents' scores
+        # each layer's block of the pool, flat and as the top-k writes it ([1, K] for layer 1, then [K, K]): views made once
+        blocks = [(1 + self.pool_nodes(layer), (1 if layer == 0 else k)) for layer in range(depth)]
+        self.token_blocks = [self.pool_tokens[first : first + rows * k] for first, rows in blocks]
+        self.score_blocks = [self.pool_scores[first : first + rows * k] for first, rows in blocks]
+        self.parent_blocks = [self.pool_parents[first : first + rows * k] for first, rows in blocks]
+        self.token_grids = [block.view(rows, k) for block, (_, rows) in zip(self.token_blocks, blocks, strict=True)]
+        self.score_grids = [block.view(rows, k) for block, (_, rows) in zip(self.score_blocks, blocks, strict=True)]
 
     def pool_nodes(self, layers: int) -> int:
         """Nodes the first ``layers`` layers add (root excluded)."""
@@ -72,8 +90,9 @@ class DenseLayout:
         k, drafter = self.width, self.drafter
         root_logp = drafter.begin_step_logp(committed)  # [1, vocab]
         drafted = DenseDraft(self, committed[-1:], drafter.committed_length)
-        logp, children = torch.topk(root_logp, k, dim=-1)  # [1, K]
-        scores, tokens = logp.view(-1), children.view(-1)  # the root's score is 0: its children score their own
+        # the root's score is 0: its children score their own log-probs
+        torch.topk(root_logp, k, dim=-1, out=(self.score_grids[0], self.token_grids[0]))
+        scores, tokens = self.score_blocks[0], self.token_blocks[0]
         drafted.add_layer(tokens, scores)
         yield drafted
         lineage = self.eye  # [K, rows]: layer 1's frontier sees only its own rows
@@ -84,9 +103,9 @@ class DenseLayout:
                 lineage = torch.cat([lineage.index_select(0, parents), self.eye], dim=1)
             drafted.frontiers.append(picked.indices)
             logits = drafter.forward_block(tokens.index_select(0, picked.indices), layer, lineage)  # [K, vocab]
-            logp, children = torch.topk(log_softmax_float32(logits), k, dim=-1)  # [K, K]
-            scores = (picked.values[:, None] + logp).view(-1)  # [K · K] cumulative, parent by parent
-            tokens = children.view(-1)
+            torch.topk(log_softmax_float32(logits), k, dim=-1, out=(self.child_logp, self.token_grids[layer]))  # [K, K]
+            torch.add(picked.values[:, None], self.child_logp, out=self.score_grids[layer])  # cumulative, parent by parent
+            scores, tokens = self.score_blocks[layer], self.token_blocks[layer]
             drafted.add_layer(tokens, scores)
             yield drafted
 
@@ -145,9 +164,11 @@ class OpenLayout(DenseLayout):
     tree: no node is written and no ancestor mask kept until the cut (on the tiny pair a step took 268.7 → 198.7
     tensor calls).
 
-    The pool's tokens, parents, open scores and lineage live in buffers kept across steps: every entry a step
-    reads it has written that step, or holds the layout's constant (the root's parent, its children's, its
-    lineage), except the open scores, which a step starts by clearing so that one sort ranks the whole pool.
+    The pool's tokens, parents, scores and lineage live in buffers kept across steps, and each layer's top-k writes
+    its children's tokens and scores straight into its block of them (views made once). Every entry a step reads it
+    has written that step, or holds the layout's constant (the root's parent, its children's, its lineage, its
+    score 0); the scores and the closed flags (the root and the forwarded nodes) are reset at a step's start, so
+    that one sort ranks the whole pool: the blocks not written yet hold −inf, after every written node.
     """
 
     def __init__(self, drafter: ModelDrafter, depth: int, width: int, budget: int, lookback: int):
@@ -160,25 +181,21 @@ class OpenLayout(DenseLayout):
         self.own_rows = [torch.zeros(k, step_rows, dtype=torch.bool, device=device) for _ in range(depth - 1)]
         for f, own in enumerate(self.own_rows):
             own[:, f * k : (f + 1) * k] = self.eye
-        # tokens, parents and depths of the pool in one block, so a layer gathers its forwarded nodes' in one call
-        self.pool = torch.stack([torch.zeros(size, dtype=torch.long, device=device),
-                                 torch.zeros(size, dtype=torch.long, device=device), self.depths])  # [3, 1 + P]
-        self.pool_tokens, self.pool_parents = self.pool[0], self.pool[1]  # views; the root's children's parent: 0
-        self.pool_parents[0] = -1
-        self.open_scores = torch.full((size,), float("-inf"), device=device)  # [1 + P] −inf: the root, forwarded, unwritten
+        self.fresh_closed = torch.zeros(size, dtype=torch.bool, device=device)  # [1 + P] a step's start: the root
+        self.fresh_closed[0] = True
+        self.closed = self.fresh_closed.clone()  # [1 + P] the root and the forwarded nodes
         self.lineage = torch.zeros(size, step_rows, dtype=torch.bool, device=device)  # [1 + P, rows] the root: none
 
     def layers(self, committed: torch.Tensor) -> Iterator[DenseDraft]:  # committed: [L], root last
         k, drafter = self.width, self.drafter
-        logp, children = torch.topk(drafter.begin_step_logp(committed), k, dim=-1)  # [1, K]
+        self.pool_scores.copy_(self.fresh_scores)  # the last step's blocks: nothing is open until a layer writes it
+        self.closed.copy_(self.fresh_closed)
+        # the root's score is 0: its children score their own log-probs
+        torch.topk(drafter.begin_step_logp(committed), k, dim=-1, out=(self.score_grids[0], self.token_grids[0]))
         drafted = DenseDraft(self, committed[-1:], drafter.committed_length)
-        scores, tokens = logp.view(-1), children.view(-1)  # the root's score is 0: its children score their own
-        self.open_scores.fill_(float("-inf"))  # the last step's blocks: nothing is open until a layer writes it
-        self._write_block(1, tokens, scores)
-        drafted.add_layer(tokens, scores)
+        drafted.add_layer(self.token_blocks[0], self.score_blocks[0])
         yield drafted
         for layer in range(1, self.depth):
-            n = 1 + self.pool_nodes(layer)  # nodes so far, root included
             picked, picked_scores = self._positions(layer + 1)  # [K] best first, [K, 1]
             ascending = torch.sort(picked)
             forwarded = ascending.values
@@ -189,30 +206,25 @@ class OpenLayout(DenseLayout):
             logits = drafter.forward_block(forwarded_tokens, forwarded_depths, sees[:, : layer * k])
             by_rank = torch.argsort(ascending.indices)  # row of each position, best first
             # rows put best first before the top-k, which works row by row: the same values as after it
-            logp, children = torch.topk(log_softmax_float32(logits).index_select(0, by_rank), k, dim=-1)  # [K, K]
-            scores = (logp + picked_scores).view(-1)  # [K · K] cumulative, parent by parent
-            tokens = children.view(-1)
-            self.pool_parents[n : n + k * k] = picked.index_select(0, self.child_spread)
-            self._write_block(n, tokens, scores)
-            self.open_scores.index_fill_(0, picked, float("-inf"))
+            torch.topk(log_softmax_float32(logits).index_select(0, by_rank), k, dim=-1,
+                       out=(self.child_logp, self.token_grids[layer]))  # [K, K]
+            torch.add(self.child_logp, picked_scores, out=self.score_grids[layer])  # cumulative, parent by parent
+            torch.index_select(picked, 0, self.child_spread, out=self.parent_blocks[layer])
+            self.closed.index_fill_(0, picked, True)
             drafted.frontiers.append(forwarded)
-            drafted.add_layer(tokens, scores)
+            drafted.add_layer(self.token_blocks[layer], self.score_blocks[layer])
             yield drafted
 
     def _positions(self, run_layer: int) -> tuple[torch.Tensor, torch.Tensor]:  # [K] nodes, [K, 1] scores
         """The K best open nodes, best first, within the lookback of the run's layer, and their scores as a column.
         The whole pool is sorted: the nodes not written yet are −inf, after every written one (a stable sort keeps
         the −inf ones in index order, so the written nodes' ranks are those of a sort of the written prefix)."""
-        window = self.open_scores
+        window = torch.where(self.closed, float("-inf"), self.pool_scores)
         lowest = run_layer - self.lookback
         if lowest > 0:
             window = torch.where(self.depths >= lowest, window, float("-inf"))
         ranked = torch.sort(window, descending=True, stable=True)
         return ranked.indices[: self.width], ranked.values[: self.width, None]
-
-    def _write_block(self, first: int, tokens: torch.Tensor, scores: torch.Tensor) -> None:  # [m] twice
-        self.pool_tokens[first : first + tokens.shape[0]] = tokens
-        self.open_scores[first : first + scores.shape[0]] = scores
 
     def parents_and_forwarded(self, drafted: DenseDraft, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         forwarded = torch.cat(drafted.frontiers) if drafted.frontiers else None  # node indices, forward order
