@@ -14,12 +14,14 @@
 #      after 2k and 16k tokens of context (benchmarks/kv_cache.py; logits compared).
 # Usage: benchmarks/gpu_check.sh [--device cuda|cpu] [--small]
 #   --device cpu --small is the smoke run that works anywhere (kernels interpreted, tiny shapes).
+#   PYTHON=/path/to/python picks the interpreter (default: python), e.g. a venv's that holds torch.
 # Exits non-zero when a check fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 DEVICE=cuda
 SMALL=""
+PYTHON="${PYTHON:-python}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) DEVICE="$2"; shift 2 ;;
@@ -44,27 +46,27 @@ step() { echo; echo "== $1 ($(( $(date +%s) - started ))s)"; }
 if [ "$DEVICE" = "cpu" ]; then
   step "0. every kernel compiles for A100 and H100/H200 (ahead of time)"
   if [ -n "$SMALL" ]; then ARCH="90"; else ARCH="80 90"; fi
-  python benchmarks/compile_kernels.py --arch $ARCH $SMALL || status=1
+  "$PYTHON" benchmarks/compile_kernels.py --arch $ARCH $SMALL || status=1
 fi
 
 step "1. kernels and methods against their references"
-python benchmarks/gpu_check.py --device "$DEVICE" $SMALL || status=1
+"$PYTHON" benchmarks/gpu_check.py --device "$DEVICE" $SMALL || status=1
 
 step "2. kernel micro-benchmark"
-python benchmarks/verify_kernels.py --device "$DEVICE" --nodes $NODES --vocab $VOCAB --reps $REPS || status=1
+"$PYTHON" benchmarks/verify_kernels.py --device "$DEVICE" --nodes $NODES --vocab $VOCAB --reps $REPS || status=1
 
 step "3. host overhead and synchronisations per step (tiny pair)"
-OMP_NUM_THREADS=1 python benchmarks/host_overhead.py --device "$DEVICE" --repeats $REPEATS --max-new-tokens $NEW || status=1
+OMP_NUM_THREADS=1 "$PYTHON" benchmarks/host_overhead.py --device "$DEVICE" --repeats $REPEATS --max-new-tokens $NEW || status=1
 if [ "$DEVICE" = "cuda" ]; then  # the same with the forwards replayed from CUDA graphs: what is left is host work
-  OMP_NUM_THREADS=1 python benchmarks/host_overhead.py --device cuda --compile cudagraphs --repeats $REPEATS \
+  OMP_NUM_THREADS=1 "$PYTHON" benchmarks/host_overhead.py --device cuda --compile cudagraphs --repeats $REPEATS \
     --max-new-tokens $NEW || status=1
 fi
 
 step "4. CUDA-graph speedup of the verify and drafter forwards"
-python benchmarks/compile_speedup.py --device "$DEVICE" $SMALL || status=1
+"$PYTHON" benchmarks/compile_speedup.py --device "$DEVICE" $SMALL || status=1
 
 step "5. tree steps on the block KV cache against transformers' DynamicCache"
-python benchmarks/kv_cache.py --device "$DEVICE" $KV || status=1
+"$PYTHON" benchmarks/kv_cache.py --device "$DEVICE" $KV || status=1
 
 echo
 if [ $status -eq 0 ]; then echo "gpu_check.sh: all checks passed in $(( $(date +%s) - started ))s"; else echo "gpu_check.sh: FAILED"; fi
