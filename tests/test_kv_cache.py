@@ -3,11 +3,15 @@ place, grown when full, cropped by a length and committed by one gather."""
 
 from __future__ import annotations
 
+import copy
+
 import torch
-from conftest import random_prompt
+from conftest import random_prompt, reference_greedy
 from transformers import DynamicCache
 
 from treegraft_cli import kv_cache
+from treegraft_cli.config import DecodeConfig, TreeConfig
+from treegraft_cli.engine import SpeculativeDecoder
 from treegraft_cli.kv_cache import BlockCache, BlockLayer
 from treegraft_cli.lm import CausalLM, gather_rows
 
@@ -98,3 +102,24 @@ def test_cache_keyword_follows_the_forward_signature():
 
     assert kv_cache.cache_keyword(Older()) == "past_key_values"
     assert kv_cache.cache_keyword(Newer()) == "cache"
+
+
+def test_a_model_that_takes_past_key_values_decodes_exactly(tiny_self_pair):
+    """A transformers release before 5.24 names the forward's cache ``past_key_values``: decoding through such a
+    model keeps its cache (under ``cache=`` it would see only each forward's own rows) and stays exact."""
+    drafter, target = tiny_self_pair
+
+    class OlderSignature(type(target.model)):
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None,
+                    **kwargs):
+            return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                   cache=past_key_values, use_cache=use_cache, **kwargs)
+
+    model = copy.deepcopy(target.model)
+    model.__class__ = OlderSignature
+    prompt = random_prompt(seed=21)
+    config = DecodeConfig(method="dense", tree=TreeConfig(budget=12, depth=4, top_k=3), max_new_tokens=12)
+    decoder = SpeculativeDecoder(CausalLM(model), config, drafter=CausalLM(drafter.model))
+    generation = decoder.generate(prompt)
+    assert generation.output_ids == reference_greedy(target, prompt, 12)
+    assert max(step.accepted_length for step in generation.steps) > 1
