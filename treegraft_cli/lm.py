@@ -181,7 +181,7 @@ class CausalLM:
         third of the forward. A caller that builds the additive ``mask`` itself spares the bool one's conversion.
         """
         if mask is None and visible is not None:
-            mask = additive_mask(visible, self.dtype)[0, 0]
+            mask = additive_mask(visible, self.dtype)  # [1, 1, n, width]: taken as it is below
         if self.static is not None:
             rows_mask = mask if mask is None or mask.ndim == 2 else mask[0, 0]
             return self._forward_static_rows(input_ids, position_ids, rows_mask, logits_to_keep)
