@@ -107,6 +107,11 @@ def measure(pipeline: Pipeline, configs: dict[str, DecodeConfig], inputs: list[t
     return rows
 
 
+def short(site: str) -> str:
+    """``sync_site``'s frames with each path cut to its last two parts."""
+    return " < ".join("/".join(frame.rsplit("/", 2)[-2:]) for frame in site.split(" < "))
+
+
 def table(rows: dict[str, dict]) -> str:
     head = (f"{'method':<12} {'steps':>6} {'tau':>5} {'host ms/step':>13} {'best':>6} {'±':>6} {'of step':>8} {'syncs/step':>11} "
             f"{'audited':>8} {'torch calls':>12}")
@@ -118,8 +123,8 @@ def table(rows: dict[str, dict]) -> str:
             f"{r['host_ms_per_step'] / r['step_ms_per_step']:>8.1%} {r['syncs_per_step']:>11.2f} {r['audited_syncs_per_step']:>8.2f} {r['torch_calls_per_step']:>12.1f}{driver}"
         )
     for name, r in rows.items():  # where the driver counts clearly more than the step's own reads
-        if r["driver_syncs_per_step"] is not None and r["driver_syncs_per_step"] > r["syncs_per_step"] + 0.5:
-            sites = ", ".join(f"{'/'.join(site.rsplit('/', 2)[-2:])} {per_step:.2f}" for site, per_step in r["driver_sync_sites"].items())
+        if r["driver_syncs_per_step"] is not None and r["driver_syncs_per_step"] > r["syncs_per_step"] + 0.05:
+            sites = "; ".join(f"{short(site)} {per_step:.2f}" for site, per_step in r["driver_sync_sites"].items())
             lines.append(f"  {name}: the driver's synchronisations per step by line: {sites}")
     return "\n".join(lines)
 

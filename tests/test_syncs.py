@@ -4,6 +4,7 @@ synchronising torch call agrees with it) and stays within each method's limit.""
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import pytest
 import torch
@@ -12,7 +13,16 @@ from conftest import random_prompt, reference_greedy, speculative
 from treegraft_cli.config import DecodeConfig, TreeConfig
 from treegraft_cli.engine import Generation, SpeculativeDecoder
 from treegraft_cli.lm import CausalLM
-from treegraft_cli.syncs import HostReads, SyncAuditor, counting, fetch, host_only, read, uncounted
+from treegraft_cli.syncs import (
+    HostReads,
+    SyncAuditor,
+    counting,
+    fetch,
+    host_only,
+    read,
+    recorded_sync_sites,
+    uncounted,
+)
 
 TREE = TreeConfig(budget=16, depth=4, top_k=4)
 # graft's default checkpoints (0, 1, 5): those on layers 0 and 1 are decision reads; the one on the last
@@ -130,12 +140,16 @@ def test_auditor_sees_what_the_counter_misses():
         x[x > 2] = 0  # boolean-mask indexing sizes its work from the data
         torch.nonzero(x)
         x.sum()  # not a synchronisation
+        x[0] = 1  # one element from a host scalar: a blocking copy on CUDA
+        x[torch.tensor([1, 2])] = 0  # through an index tensor, likewise
+        x[1:3] = 0  # a slice: a fill, no wait
+        x[0].fill_(1)  # likewise
         with uncounted():  # a model forward's own
             x.tolist()
         with host_only():  # host work on host tensors
             x.tolist()
-    assert auditor.count == 4
-    assert auditor.calls == {"__int__": 1, "__bool__": 1, "__setitem__": 1, "nonzero": 1}
+    assert auditor.count == 6
+    assert auditor.calls == {"__int__": 1, "__bool__": 1, "__setitem__": 3, "nonzero": 1}
 
 
 def test_reads_count_once_per_transfer_on_both_counters():
@@ -146,3 +160,28 @@ def test_reads_count_once_per_transfer_on_both_counters():
         a, b = fetch(torch.zeros(2), torch.ones(3))
         assert a.shape == (2,) and b.shape == (3,)
     assert reads.count == auditor.count == 2
+
+
+class _WarnsLikeTheDriver(torch.overrides.TorchFunctionMode):
+    """Raises the warning ``set_sync_debug_mode("warn")`` raises, from inside a torch call as the driver does."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.sum:
+            warnings.warn("called a synchronizing CUDA operation", stacklevel=2)
+        return func(*args, **(kwargs or {}))
+
+
+def _a_synchronising_step(x: torch.Tensor) -> torch.Tensor:
+    return x.sum()  # the line a site must name
+
+
+def test_sync_sites_name_the_caller_not_the_auditor():
+    sites: list[str] = []
+    with recorded_sync_sites(sites), SyncAuditor(), _WarnsLikeTheDriver():
+        _a_synchronising_step(torch.ones(3))
+        torch.ones(3).mean()  # no warning: no site
+        warnings.warn("an unrelated warning", stacklevel=2)
+    line = _a_synchronising_step.__code__.co_firstlineno + 1
+    assert len(sites) == 1
+    assert f"{__file__}:{line}" in sites[0].split(" < ")  # the warning's own frame would be the auditor's
+    assert "treegraft_cli/syncs.py" not in sites[0]

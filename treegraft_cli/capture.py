@@ -119,8 +119,7 @@ class StaticForwards:
         mask[:, :prefix] = 0
         tree = mask[:, prefix : prefix + size]
         tree[:n, :n].masked_fill_(ancestor_mask, 0)
-        padding = torch.arange(n, size, device=self.device)
-        tree[padding, padding] = 0  # itself
+        tree[n:, n:].diagonal().fill_(0)  # itself
         tree[n:, 0] = 0  # and the root
 
     def _fill_rows(self, buffers, tokens, positions, mask_rows, prefix: int) -> None:
@@ -137,8 +136,7 @@ class StaticForwards:
             return
         mask[:n, : mask_rows.shape[1]] = mask_rows
         if size > n:
-            padding = torch.arange(n, size, device=self.device)
-            mask[padding, padding + prefix] = 0
+            mask[n:, prefix + n : prefix + size].diagonal().fill_(0)
 
     def _runner(self, cache, buffers) -> Callable[[], torch.Tensor]:
         def call(model) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """Host-device synchronisations: the hot path's own count, and an auditor that checks it.
 
 A synchronisation is any point where the host waits for the device: reading a tensor's value into Python
-(``.item()``, ``.tolist()``, ``int()``, ``bool()``, ``float()``, an index), and ops whose output size depends
-on the data (``nonzero``, ``unique``, boolean-mask indexing, ...). On a GPU each one stalls the host until
+(``.item()``, ``.tolist()``, ``int()``, ``bool()``, ``float()``, an index), ops whose output size depends
+on the data (``nonzero``, ``unique``, boolean-mask indexing, ...), and a Python number assigned to one element or
+through an index tensor (``x[0] = True``: a blocking copy of a host scalar on CUDA; ``x[0].fill_(True)`` is not). On a GPU each one stalls the host until
 the queue drains, so the host cannot prepare the next kernels while the device runs.
 
 Two counters, used together:
@@ -22,6 +23,8 @@ The auditor is what keeps ``HostReads`` honest: on a CPU run the two must agree 
 
 from __future__ import annotations
 
+import os
+import traceback
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -94,6 +97,18 @@ def _is_bool_index(index: Any) -> bool:
     return False
 
 
+def _copies_a_host_scalar(tensor: Any, index: Any, value: Any = None, *_: Any) -> bool:
+    """``tensor[index] = number`` on CUDA makes the number a host tensor and copies it over with a wait, unless the
+    index is basic and leaves more than one dimension's worth to fill (then it is a ``fill_``): an index tensor, or
+    an integer for every dimension (``x[0] = True`` on a vector). ``view.fill_(number)`` never waits."""
+    if isinstance(value, torch.Tensor) or not isinstance(tensor, torch.Tensor):
+        return False
+    indices = index if isinstance(index, tuple) else (index,)
+    if any(isinstance(i, (torch.Tensor, list)) for i in indices):
+        return True
+    return all(isinstance(i, int) for i in indices) and len(indices) == tensor.dim()
+
+
 def _leaves_device(tensor: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
     """``tensor.to(...)`` copies a device tensor to the host."""
     if not isinstance(tensor, torch.Tensor) or tensor.device.type == "cpu":
@@ -142,7 +157,7 @@ class SyncAuditor(TorchFunctionMode):
         if func in _ALWAYS:
             return True
         if func in _INDEXING:
-            return len(args) > 1 and _is_bool_index(args[1])
+            return len(args) > 1 and (_is_bool_index(args[1]) or (func is _T.__setitem__ and _copies_a_host_scalar(*args)))
         if func is _T.to:
             return _leaves_device(args[0] if args else None, args[1:], kwargs)
         if func in (torch.repeat_interleave, _T.repeat_interleave):
@@ -199,22 +214,46 @@ def uncounted() -> _AuditorScope:
 
 @contextmanager
 def cuda_sync_debug(device: torch.device) -> Iterator[list[str]]:
-    """On CUDA: the driver-level synchronisations in the block (``set_sync_debug_mode``), one entry each: the Python
-    line that made the synchronising call (``file:line``), so one the auditor cannot see on a CPU (a blocking
+    """On CUDA: the driver-level synchronisations in the block (``set_sync_debug_mode``), one entry each: where
+    treegraft made the synchronising call (``sync_site``), so one the auditor cannot see on a CPU (a blocking
     host-to-device copy) can be found."""
     messages: list[str] = []
     if device.type != "cuda":
         yield messages
         return
     previous = torch.cuda.get_sync_debug_mode()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with recorded_sync_sites(messages):
         torch.cuda.set_sync_debug_mode("warn")
         try:
             yield messages
         finally:
             torch.cuda.set_sync_debug_mode(previous)
-    messages.extend(f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message))
+
+
+@contextmanager
+def recorded_sync_sites(sites: list[str]) -> Iterator[list[str]]:
+    """Append ``sync_site()`` to ``sites`` for each synchronisation warning raised in the block, as it is raised: the
+    warning's own file and line are the innermost Python frame, which under a ``SyncAuditor`` is the auditor's."""
+
+    def note(message, category, filename, lineno, file=None, line=None) -> None:
+        if "synchroniz" in str(message):
+            sites.append(sync_site())
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = note  # restored by catch_warnings
+        yield sites
+
+
+def sync_site() -> str:
+    """The innermost frame of the calling stack outside torch, ``warnings`` and this module, with its caller:
+    ``path:line < path:line``."""
+    ours = [frame for frame in traceback.extract_stack()
+            if not any(part in frame.filename for part in _NOT_A_SITE)]
+    return " < ".join(f"{frame.filename}:{frame.lineno}" for frame in reversed(ours[-2:]))
+
+
+_NOT_A_SITE = (f"{os.sep}torch{os.sep}", f"{os.sep}warnings.py", __file__, "<frozen ")
 
 
 def host_only() -> _AuditorScope:

@@ -88,7 +88,7 @@ class DraftTree:
         if isinstance(root_token, torch.Tensor):
             tokens[:1] = root_token.reshape(1)
         else:
-            tokens[0] = int(root_token)
+            tokens[0].fill_(int(root_token))
         return tree
 
     def parts(self) -> tuple[torch.Tensor, ...]:
@@ -493,7 +493,7 @@ class DraftTree:
         ``count``: how many are set (root included), when the caller knows; else it is read.
         """
         keep = keep.clone()
-        keep[0] = True
+        keep[0].fill_(True)
         if count is None:
             count = int(self._read(keep.sum()))
         kept = torch.sort((~keep).byte(), stable=True).indices[:count]  # kept node indices, ascending
@@ -529,7 +529,7 @@ class DraftTree:
     def close_over_ancestors(self, keep: torch.Tensor, limit: int | None = None) -> torch.Tensor:
         """Add every ancestor of a kept node; with ``limit``, the result must fit it (checked: one read)."""
         keep = (self.ancestor_mask() & keep[:, None]).any(dim=0)
-        keep[0] = True
+        keep[0].fill_(True)
         if limit is not None and int(self._read(keep.sum())) - 1 > limit:
             raise ValueError(f"closing over ancestors grew the tree past its budget {limit}")
         return keep
@@ -575,10 +575,11 @@ def reindex_parents(kept: torch.Tensor, parents: torch.Tensor) -> None:  # kept:
 
 def _fresh(device: torch.device, capacity: int) -> tuple[torch.Tensor, ...]:
     """(int64 columns [4, capacity], scores, origins, ancestor mask) of a root-only tree with token 0."""
-    longs = torch.tensor([_FILL[COLUMNS.index(name)] for name in _LONG_COLUMNS], device=device)
-    longs = longs[:, None].repeat(1, capacity)  # the int64 columns share one block: one copy makes them all
+    longs = torch.empty(len(_LONG_COLUMNS), capacity, dtype=torch.long, device=device)  # the int64 columns: one block
+    for column, name in zip(longs, _LONG_COLUMNS, strict=True):
+        column.fill_(_FILL[COLUMNS.index(name)])  # fills: a tensor made from a list would be a blocking copy on CUDA
     scores = torch.full((capacity,), float("-inf"), device=device)
-    scores[0] = 0.0
+    scores[0].fill_(0.0)
     # every node is its own ancestor: rows are written by or-ing the parent's row into the diagonal
     mask = torch.eye(capacity, dtype=torch.bool, device=device)
     return longs, scores, torch.zeros(capacity, dtype=torch.int8, device=device), mask

@@ -226,7 +226,7 @@ class StepVerdict:
         if depth == 0:  # the root alone
             return torch.zeros(1, dtype=torch.long, device=tree.device)
         matches = tree.tokens == self.choices[0].index_select(0, tree.parents.clamp(min=0))
-        matches[0] = True  # the root is committed
+        matches[0].fill_(True)  # the root is committed
         accepted = (tree.ancestor_mask() <= matches).all(dim=1)  # [nodes]
         nodes = torch.arange(tree.num_nodes, device=tree.device).mul_(accepted)  # accepted node indices, 0 elsewhere
         return torch.zeros(depth + 1, dtype=torch.long, device=tree.device).index_add_(0, tree.depths, nodes)

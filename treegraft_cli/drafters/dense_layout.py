@@ -62,9 +62,9 @@ class DenseLayout:
         self.pool = torch.stack([torch.zeros(size, dtype=torch.long, device=device),
                                  torch.zeros(size, dtype=torch.long, device=device), self.depths])  # [3, 1 + P]
         self.pool_tokens, self.pool_parents = self.pool[0], self.pool[1]  # views; the root's children's parent: 0
-        self.pool_parents[0] = -1
+        self.pool_parents[0].fill_(-1)
         self.fresh_scores = torch.full((size,), float("-inf"), device=device)  # [1 + P] a step's start: the root's 0
-        self.fresh_scores[0] = 0.0
+        self.fresh_scores[0].fill_(0.0)
         self.pool_scores = self.fresh_scores.clone()  # [1 + P] cumulative log-probs
         self.child_logp = torch.empty(k, k, device=device)  # [K, K] a layer's top-k log-probs, before its parents' scores
         # each layer's block of the pool, flat and as the top-k writes it ([1, K] for layer 1, then [K, K]): views made once

@@ -104,7 +104,7 @@ class Eagle3Drafter(ModelDrafter):
     ) -> None:
         """Forward ``nodes`` and their ancestors that have no row yet, shallowest depth first, one head call per depth."""
         needed = ancestor_mask[nodes].any(dim=0) & (tree.kv_slot < 0)
-        needed[0] = False  # the root's row is the last committed row
+        needed[0].fill_(False)  # the root's row is the last committed row
         # how many nodes each depth needs: one read (none on a host tree), then one head call per depth
         per_depth = torch.zeros(tree.num_nodes, dtype=torch.long, device=tree.device)
         per_depth.scatter_add_(0, tree.depths, needed.long())

@@ -60,7 +60,7 @@ class TreeDrafter(ModelDrafter):
         pending = on_device_of(committed[self.committed_length :], self.device) if p else None
         if p + m == 0:
             if self.logp_rows.count and rows is not None:  # a redraft of this step's first call: the kept root row
-                rows[0] = 0
+                rows[0].fill_(0)
             return
         cache_length = self.lm.cache_length
         total = cache_length + p + m
@@ -86,7 +86,7 @@ class TreeDrafter(ModelDrafter):
         first = self.logp_rows.append(logits) + (1 if p else 0)  # the nodes' first row
         if rows is None:
             return
-        rows[0] = 0
+        rows[0].fill_(0)
         if m:
             rows.index_copy_(0, nodes, torch.arange(first, first + m, device=rows.device))
 

@@ -39,7 +39,7 @@ def cut_to_budget(tree: DraftTree, budget: int) -> DraftTree:
     scores = monotone_scores(tree)
     order = torch.sort(scores[1:], descending=True, stable=True).indices + 1
     keep = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
-    keep[order[:budget]] = True
+    keep.index_fill_(0, order[:budget], True)
     return tree.keep(tree.close_over_ancestors(keep, limit=budget))
 
 

@@ -243,7 +243,7 @@ def features(state: SchedulerState) -> torch.Tensor:
     f_depths = tree.depths[frontier].float()
     c_depths = tree.depths[chosen].float()
     parents_marked = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
-    parents_marked[tree.parents[1:]] = True
+    parents_marked.index_fill_(0, tree.parents[1:], True)
     frontier_depth = float(f_depths.mean()) if frontier.numel() else 0.0
     chosen_depth = float(c_depths.mean()) if chosen.numel() else frontier_depth
     in_frontier = torch.isin(chosen, frontier)
