@@ -3,8 +3,9 @@
 A synchronisation is any point where the host waits for the device: reading a tensor's value into Python
 (``.item()``, ``.tolist()``, ``int()``, ``bool()``, ``float()``, an index), ops whose output size depends
 on the data (``nonzero``, ``unique``, boolean-mask indexing, ...), and a Python number assigned to one element or
-through an index tensor (``x[0] = True``: a blocking copy of a host scalar on CUDA; ``x[0].fill_(True)`` is not). On a GPU each one stalls the host until
-the queue drains, so the host cannot prepare the next kernels while the device runs.
+through an index tensor (``x[0] = True`` copies a host scalar over and waits on CUDA; ``x[0].fill_(True)`` does
+not). On a GPU each one stalls the host until the queue drains, so the host cannot prepare the next kernels while
+the device runs.
 
 Two counters, used together:
 
@@ -98,9 +99,9 @@ def _is_bool_index(index: Any) -> bool:
 
 
 def _copies_a_host_scalar(tensor: Any, index: Any, value: Any = None, *_: Any) -> bool:
-    """``tensor[index] = number`` on CUDA makes the number a host tensor and copies it over with a wait, unless the
-    index is basic and leaves more than one dimension's worth to fill (then it is a ``fill_``): an index tensor, or
-    an integer for every dimension (``x[0] = True`` on a vector). ``view.fill_(number)`` never waits."""
+    """``tensor[index] = number`` waits on CUDA where the number goes over as a host tensor: through an index tensor
+    (``index_put_``), or into one element, every dimension indexed by an integer (a ``copy_`` of a 0-dim host tensor).
+    An index that leaves a dimension is a ``fill_``, and so is ``view.fill_(number)``: no wait."""
     if isinstance(value, torch.Tensor) or not isinstance(tensor, torch.Tensor):
         return False
     indices = index if isinstance(index, tuple) else (index,)
