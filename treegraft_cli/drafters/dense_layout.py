@@ -202,7 +202,9 @@ class OpenLayout(DenseLayout):
             forwarded_tokens, forwarded_parents, forwarded_depths = self.pool.index_select(1, forwarded).unbind()
             sees = self.lineage.index_select(0, forwarded_parents)  # [K, rows]
             sees.bitwise_or_(self.own_rows[layer - 1])
-            self.lineage.index_copy_(0, forwarded, sees)
+            last = layer == self.depth - 1  # no layer after it reads the lineage or the closed flags it would write
+            if not last:
+                self.lineage.index_copy_(0, forwarded, sees)
             logits = drafter.forward_block(forwarded_tokens, forwarded_depths, sees[:, : layer * k])
             by_rank = torch.argsort(ascending.indices)  # row of each position, best first
             # rows put best first before the top-k, which works row by row: the same values as after it
@@ -210,7 +212,8 @@ class OpenLayout(DenseLayout):
                        out=(self.child_logp, self.token_grids[layer]))  # [K, K]
             torch.add(self.child_logp, picked_scores, out=self.score_grids[layer])  # cumulative, parent by parent
             torch.index_select(picked, 0, self.child_spread, out=self.parent_blocks[layer])
-            self.closed.index_fill_(0, picked, True)
+            if not last:
+                self.closed.index_fill_(0, picked, True)
             drafted.frontiers.append(forwarded)
             drafted.add_layer(self.token_blocks[layer], self.score_blocks[layer])
             yield drafted
