@@ -7,7 +7,7 @@ import torch
 from conftest import random_prompt, reference_greedy, speculative
 from typer.testing import CliRunner
 
-from treegraft_cli.capture import StaticForwards, bucket
+from treegraft_cli.capture import StaticForwards, bucket, check_mode
 from treegraft_cli.cli import app
 from treegraft_cli.config import DecodeConfig, TreeConfig
 from treegraft_cli.engine import SpeculativeDecoder
@@ -156,6 +156,18 @@ def test_cudagraphs_need_cuda_and_heads_need_compile_off(tiny_self_pair):
                            drafter=CausalLM(drafter.model))
     with pytest.raises(ConfigError, match="--compile"):
         DecodeConfig(compile="graphs")
+
+
+def test_cudagraphs_refuse_models_spread_over_devices():
+    """A graph is captured on one device's stream: a target or drafter with weights on two devices is refused with
+    the fix, before anything runs (``meta`` stands in for a second GPU)."""
+    near, far = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2, device="meta")
+    gpu = torch.device("cuda")
+    with pytest.raises(ConfigError, match="spread over cpu, meta") as refused:
+        check_mode("cudagraphs", gpu, [torch.nn.Sequential(near, far)])
+    assert "one GPU" in refused.value.hint
+    check_mode("cudagraphs", gpu, [near])  # one device: taken
+    check_mode("static", gpu, [near, far])  # the device rule is cudagraphs' alone
 
 
 def test_generate_takes_compile(tiny_self_pair):

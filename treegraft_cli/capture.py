@@ -18,7 +18,7 @@ prompt) run eagerly over the static cache, unpadded.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -34,11 +34,19 @@ def bucket(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def check_mode(mode: str, device: torch.device) -> None:
+def check_mode(mode: str, device: torch.device, models: Sequence[torch.nn.Module] = ()) -> None:
+    """Refuse a mode the run cannot take: ``cudagraphs`` off CUDA, or over ``models`` whose weights sit on more than
+    one device (a graph is captured on one device's stream)."""
     if mode not in MODES:
         raise ConfigError(f"unknown --compile mode {mode!r}", f"use one of: {', '.join(MODES)}")
-    if mode == "cudagraphs" and device.type != "cuda":
+    if mode != "cudagraphs":
+        return
+    if device.type != "cuda":
         raise ConfigError("--compile cudagraphs needs a CUDA target", "use --compile off, static or compile on this device")
+    devices = sorted({str(p.device) for model in models for p in model.parameters()})
+    if len(devices) > 1:
+        raise ConfigError(f"--compile cudagraphs captures on one GPU, but the models are spread over {', '.join(devices)}",
+                          "load the target and drafter on one GPU, or use --compile off or static")
 
 
 class StaticForwards:

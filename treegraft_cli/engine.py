@@ -126,7 +126,7 @@ class SpeculativeDecoder:
         vocab_size = target.model.config.vocab_size
         shared = {} if measurements is None else measurements
         self.method: Method = create_method(config, Models(target, drafter, vocab_size, shared, pair))
-        check_mode(config.compile, target.device)
+        check_mode(config.compile, target.device, [lm.model for lm in (target, drafter) if lm is not None])
         if config.compile != "off" and target.capture_indices:
             raise ConfigError(f"--compile {config.compile} cannot capture the hidden states an EAGLE-3 head reads",
                               "use --compile off with an EAGLE-3 drafter")
