@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ..hostlists import longs
-from ..syncs import host_only, read
+from ..syncs import fetch, host_only, read
 from ..tree import float32
 from .logp_rows import log_softmax_float32
 
@@ -43,8 +43,7 @@ class TargetLogProbCache:
 
     def append(self, start: int, logits: torch.Tensor) -> None:  # logits: [m, vocab] at positions start..start+m
         """Record positions ``start..start+m``; rows already recorded there are overwritten."""
-        values, tokens = self.top(logits)
-        self.append_top(start, values.cpu(), tokens.cpu())
+        self.append_top(start, *fetch(*self.top(logits)))  # both read with one wait
 
     def top(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [m, vocab] -> 2 x [m, W]
         """The top-W log-probs and their tokens of each row, where the logits are (on the device)."""
