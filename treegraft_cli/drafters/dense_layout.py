@@ -182,7 +182,7 @@ class OpenLayout(DenseLayout):
         for f, own in enumerate(self.own_rows):
             own[:, f * k : (f + 1) * k] = self.eye
         self.fresh_closed = torch.zeros(size, dtype=torch.bool, device=device)  # [1 + P] a step's start: the root
-        self.fresh_closed[0] = True
+        self.fresh_closed[0].fill_(True)
         self.closed = self.fresh_closed.clone()  # [1 + P] the root and the forwarded nodes
         self.lineage = torch.zeros(size, step_rows, dtype=torch.bool, device=device)  # [1 + P, rows] the root: none
 
