@@ -160,7 +160,7 @@ class OpenLayout(DenseLayout):
 
     It drafts ``run_strong_layers``'s tree node for node and bit for bit (tests/test_strong_run.py): the root's
     row from ``TreeDrafter.forward``'s pending-token forward, each layer's positions ranked by one stable sort
-    (ties to the lower index) and forwarded in ascending node order, children in rank order. What it spares is the
+    (ties to the lower index) and forwarded best first, children in the same order. What it spares is the
     tree: no node is written and no ancestor mask kept until the cut (on the tiny pair a step took 268.7 → 198.7
     tensor calls).
 
@@ -185,6 +185,16 @@ class OpenLayout(DenseLayout):
         self.fresh_closed[0].fill_(True)
         self.closed = self.fresh_closed.clone()  # [1 + P] the root and the forwarded nodes
         self.lineage = torch.zeros(size, step_rows, dtype=torch.bool, device=device)  # [1 + P, rows] the root: none
+        # per forwarded layer, written through ``out=`` and read through views made here (no slicing call a step):
+        # the pool ranked by one sort, the forwarded nodes' tokens, parents and depths, and what each sees
+        self.ranked = [(torch.empty(size, device=device), torch.empty(size, dtype=torch.long, device=device))
+                       for _ in range(depth - 1)]  # ([1 + P] scores, [1 + P] nodes) best first
+        self.forwarded_columns = [torch.empty(3, k, dtype=torch.long, device=device) for _ in range(depth - 1)]
+        self.forwarded_views = [tuple(columns.unbind()) for columns in self.forwarded_columns]  # [K] views each
+        self.sees = [torch.empty(k, step_rows, dtype=torch.bool, device=device) for _ in range(depth - 1)]
+        self.sees_so_far = [sees[:, : (f + 1) * k] for f, sees in enumerate(self.sees)]  # the rows written by then
+        self.best_scores = [scores[:k, None] for scores, _ in self.ranked]  # [K, 1]
+        self.best_nodes = [nodes[:k] for _, nodes in self.ranked]  # [K]
 
     def layers(self, committed: torch.Tensor) -> Iterator[DenseDraft]:  # committed: [L], root last
         k, drafter = self.width, self.drafter
@@ -196,24 +206,20 @@ class OpenLayout(DenseLayout):
         drafted.add_layer(self.token_blocks[0], self.score_blocks[0])
         yield drafted
         for layer in range(1, self.depth):
-            picked, picked_scores = self._positions(layer + 1)  # [K] best first, [K, 1]
-            ascending = torch.sort(picked)
-            forwarded = ascending.values
-            forwarded_tokens, forwarded_parents, forwarded_depths = self.pool.index_select(1, forwarded).unbind()
-            sees = self.lineage.index_select(0, forwarded_parents)  # [K, rows]
+            forwarded, forwarded_scores = self._positions(layer + 1)  # [K] best first, [K, 1]
+            torch.index_select(self.pool, 1, forwarded, out=self.forwarded_columns[layer - 1])
+            forwarded_tokens, forwarded_parents, forwarded_depths = self.forwarded_views[layer - 1]
+            sees = torch.index_select(self.lineage, 0, forwarded_parents, out=self.sees[layer - 1])  # [K, rows]
             sees.bitwise_or_(self.own_rows[layer - 1])
             last = layer == self.depth - 1  # no layer after it reads the lineage or the closed flags it would write
             if not last:
                 self.lineage.index_copy_(0, forwarded, sees)
-            logits = drafter.forward_block(forwarded_tokens, forwarded_depths, sees[:, : layer * k])
-            by_rank = torch.argsort(ascending.indices)  # row of each position, best first
-            # rows put best first before the top-k, which works row by row: the same values as after it
-            torch.topk(log_softmax_float32(logits).index_select(0, by_rank), k, dim=-1,
-                       out=(self.child_logp, self.token_grids[layer]))  # [K, K]
-            torch.add(self.child_logp, picked_scores, out=self.score_grids[layer])  # cumulative, parent by parent
-            torch.index_select(picked, 0, self.child_spread, out=self.parent_blocks[layer])
+            logits = drafter.forward_block(forwarded_tokens, forwarded_depths, self.sees_so_far[layer - 1])
+            torch.topk(log_softmax_float32(logits), k, dim=-1, out=(self.child_logp, self.token_grids[layer]))  # [K, K]
+            torch.add(self.child_logp, forwarded_scores, out=self.score_grids[layer])  # cumulative, parent by parent
+            torch.index_select(forwarded, 0, self.child_spread, out=self.parent_blocks[layer])
             if not last:
-                self.closed.index_fill_(0, picked, True)
+                self.closed.index_fill_(0, forwarded, True)
             drafted.frontiers.append(forwarded)
             drafted.add_layer(self.token_blocks[layer], self.score_blocks[layer])
             yield drafted
@@ -226,8 +232,9 @@ class OpenLayout(DenseLayout):
         lowest = run_layer - self.lookback
         if lowest > 0:
             window = torch.where(self.depths >= lowest, window, float("-inf"))
-        ranked = torch.sort(window, descending=True, stable=True)
-        return ranked.indices[: self.width], ranked.values[: self.width, None]
+        forwarded_layer = run_layer - 2  # the run's layer 2 is the first to forward pool nodes
+        torch.sort(window, descending=True, stable=True, out=self.ranked[forwarded_layer])
+        return self.best_nodes[forwarded_layer], self.best_scores[forwarded_layer]
 
     def parents_and_forwarded(self, drafted: DenseDraft, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         forwarded = torch.cat(drafted.frontiers) if drafted.frontiers else None  # node indices, forward order

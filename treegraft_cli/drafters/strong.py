@@ -48,7 +48,7 @@ class TreeDrafter(ModelDrafter):
         self,
         committed: torch.Tensor,  # [L] committed tokens, root last
         tree: DraftTree | None,  # None when there are no nodes
-        nodes: torch.Tensor,  # [m] ascending node indices; each node's ancestors are forwarded or in ``nodes``
+        nodes: torch.Tensor,  # [m] node indices, forward order; each node's ancestors forwarded or earlier in ``nodes``
         rows: torch.Tensor | None,  # [num_nodes] log-prob row per node, -1 when none; updated in place (None: not kept)
         ancestor_mask: torch.Tensor | None,  # [num_nodes, num_nodes]; None: the tree's whole buffers (``show_tree``)
     ) -> None:

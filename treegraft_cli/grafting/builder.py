@@ -415,10 +415,14 @@ def strong_lookup(
 def needed_nodes(
     parents: list[int], scores: list[float], rows: list[int], window: list[int], pool: int
 ) -> list[int]:  # all [num_nodes] but window: the window's nodes, ascending
-    """Nodes a strong call forwards, ascending: every unforwarded node with children (they need rescoring)
-    and the best ``pool`` window nodes without a row (the root's row comes with the pending committed tokens)."""
-    wanted = set(parents[1:]) | set(best_nodes(scores, [i for i in window if rows[i] < 0], pool))
-    return [i for i in range(1, len(parents)) if rows[i] < 0 and i in wanted]
+    """Nodes a strong call forwards, in forward order: every unforwarded node with children (they need rescoring),
+    ascending, so each comes after its ancestors and a committed path's cache rows ascend; then the best ``pool``
+    window nodes without a row and without children, best first (the root's row comes with the pending committed
+    tokens). A run forwards its positions in the same order (``run_strong_layers``, ``OpenLayout``)."""
+    with_children = sorted({p for p in parents[1:] if p > 0 and rows[p] < 0})
+    best = best_nodes(scores, [i for i in window if i > 0 and rows[i] < 0], pool)
+    having_children = set(with_children)
+    return with_children + [i for i in best if i not in having_children]
 
 
 def best_nodes(scores: list[float], allowed: list[int], k: int) -> list[int]:

@@ -112,7 +112,7 @@ def run_strong_layers(
             window = open_scores[:n] if not lowest else torch.where(tree.depths >= lowest, open_scores[:n], float("-inf"))
             ranked = torch.sort(window, descending=True, stable=True)  # ties to the lower index, as ``best``
             positions, position_scores = ranked.indices[:k], ranked.values[:k]
-            strong.forward(committed, tree, positions.sort().values, rows, None)
+            strong.forward(committed, tree, positions, rows, None)  # best first, as ``needed_nodes`` orders them
         top_logp, top_tokens = strong.logp_rows.top(rows.index_select(0, positions), k)  # [p, K] twice
         # the positions' scores are already the strong drafter's: see the module docstring
         child_scores = (top_logp + position_scores[:, None]).view(-1)  # [p·K]
