@@ -50,3 +50,11 @@ def test_nested_settings_are_checked_with_their_path():
         from_mapping(DecodeConfig, {"method_options": [1]}, "run")
     with pytest.raises(ConfigError, match=r"^run\.tree: tree budget 0 < 1"):
         from_mapping(DecodeConfig, {"tree": {"budget": 0}}, "run")
+
+
+def test_a_negative_fallback_penalty_is_refused():
+    """A chain token outside the target's top-W would score above its parent: the cut to the budget keeps parents
+    ahead of their children only while no score rises down a path."""
+    with pytest.raises(ConfigError, match="fallback_penalty must be >= 0"):
+        options("treegraft", "fallback_penalty=-1")
+    assert options("treegraft", "fallback_penalty=0").fallback_penalty == 0.0

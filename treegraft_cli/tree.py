@@ -562,9 +562,10 @@ class DraftTree:
 
 def best_by_score(scores: torch.Tensor, budget: int) -> torch.Tensor:  # scores: [n] root first -> [1 + budget]
     """The root and the ``budget`` best other nodes by score, ascending: ``top_by_score``'s choice (a stable sort
-    keeps a parent, the lower index, ahead of an equal-scored child, so the choice is prefix-closed)."""
-    order = torch.sort(scores[1:], descending=True, stable=True).indices + 1
-    return torch.nn.functional.pad(torch.sort(order[:budget]).values, (1, 0))
+    keeps a parent, the lower index, ahead of an equal-scored child, so the choice is prefix-closed). Scores are
+    cumulative log-probs, the root's 0 and no node's above its parent's: one sort of every node puts the root
+    first, ahead of any node that ties it."""
+    return torch.sort(torch.sort(scores, descending=True, stable=True).indices[: budget + 1]).values
 
 
 def reindex_parents(kept: torch.Tensor, parents: torch.Tensor) -> None:  # kept: [k] ascending, parents: [k]

@@ -56,6 +56,7 @@ class DenseLayout:
         self.no_rows = torch.full((1 + self.pool_size,), -1, dtype=torch.long, device=device)
         self.eye = torch.eye(k, dtype=torch.bool, device=device)
         self.root_score = torch.zeros(1, device=device)
+        self.node_indices: dict[int, torch.Tensor] = {}  # ``_node_indices``
         size = 1 + self.pool_size
         # tokens, parents and depths of the pool in one block (``OpenLayout`` gathers a layer's forwarded nodes' in one
         # call), and the scores: each layer's top-k writes its children's tokens and scores straight into its block
@@ -74,6 +75,12 @@ class DenseLayout:
         self.parent_blocks = [self.pool_parents[first : first + rows * k] for first, rows in blocks]
         self.token_grids = [block.view(rows, k) for block, (_, rows) in zip(self.token_blocks, blocks, strict=True)]
         self.score_grids = [block.view(rows, k) for block, (_, rows) in zip(self.score_blocks, blocks, strict=True)]
+
+    def _node_indices(self, n: int) -> torch.Tensor:  # [n] 0 .. n − 1, made once per size
+        indices = self.node_indices.get(n)
+        if indices is None:
+            indices = self.node_indices[n] = torch.arange(n, device=self.depths.device)
+        return indices
 
     def pool_nodes(self, layers: int) -> int:
         """Nodes the first ``layers`` layers add (root excluded)."""
@@ -123,6 +130,7 @@ class DenseLayout:
     def tree(
         self,
         columns: torch.Tensor,  # [4, n] tokens, parents (−1 at the root), depths, kv_slot
+        parents: torch.Tensor,  # [n] the parents column (``columns[1]``, or what it was stacked from)
         scores: torch.Tensor,  # [n]
         origins: torch.Tensor,  # [n] int8
         depth: int,  # no node is deeper
@@ -131,8 +139,8 @@ class DenseLayout:
         """A DraftTree on these columns, its ancestor mask marked from each node's ancestors at distances 1..depth.
         Past the nodes, room for appending holds ``DraftTree``'s fill values: no row (−1) and a diagonal mask."""
         n = columns.shape[1]
-        up = columns[1].clamp(min=0)  # the root is its own parent: every climb ends there
-        ancestors = [torch.arange(n, device=up.device), up]
+        up = parents.clamp(min=0)  # the root is its own parent: every climb ends there
+        ancestors = [self._node_indices(n), up]
         for _ in range(depth - 1):
             ancestors.append(up.index_select(0, ancestors[-1]))
         ancestors = torch.stack(ancestors, dim=1)  # [n, depth + 1]
@@ -277,18 +285,20 @@ class DenseDraft:
         scores = torch.cat([layout.root_score, *self.scores])  # [1 + P]
         parents, forwarded = layout.parents_and_forwarded(self, n)
         slots = _prefix(layout.no_rows, n)  # the stack below copies it
-        if forwarded is not None:
-            slots = slots.clone().index_copy_(0, forwarded, _prefix(layout.forward_rows, forwarded.shape[0]) + self.first_row)
+        if forwarded is not None:  # out of place: the layout's column stays
+            slots = slots.index_copy(0, forwarded, _prefix(layout.forward_rows, forwarded.shape[0]) + self.first_row)
         depths = _prefix(layout.depths, n)
         columns = torch.stack([tokens, parents, depths, slots])  # [4, 1 + P], DraftTree's int64 block
         if self.size <= budget:
             origins = _prefix(layout.origins, n)  # a tree with room gets a padded copy; one without takes it as it is
-            return layout.tree(columns, scores, origins if capacity > n else origins.clone(), len(self.tokens), capacity)
+            origins = origins if capacity > n else origins.clone()
+            return layout.tree(columns, parents, scores, origins, len(self.tokens), capacity)
         kept = best_by_score(scores, budget)  # [1 + N] the root first
         columns = columns.index_select(1, kept)
-        reindex_parents(kept, columns[1])
+        parents = columns[1]
+        reindex_parents(kept, parents)
         origins = layout.origins.index_select(0, kept)
-        return layout.tree(columns, scores.index_select(0, kept), origins, len(self.tokens), capacity)
+        return layout.tree(columns, parents, scores.index_select(0, kept), origins, len(self.tokens), capacity)
 
 
 def _prefix(column: torch.Tensor, n: int) -> torch.Tensor:

@@ -82,6 +82,8 @@ class TreeGraftConfig:
             (self.max_n >= 1, "max_n must be >= 1"),
             (1 <= self.min_n <= self.max_n, "min_n must be in 1..max_n"),
             (self.top_w >= 1, "top_w must be >= 1"),
+            # a score is a log-prob: no node may score above its parent (the cut to the budget relies on it)
+            (self.fallback_penalty >= 0, "fallback_penalty must be >= 0"),
             (self.lookback >= 1, "lookback must be >= 1"),
             (self.max_depth >= 1, "max_depth must be >= 1"),
             (self.pool >= 0, "pool must be >= 0"),
