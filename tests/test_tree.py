@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import random_prompt
 from hypothesis import given, settings
@@ -166,3 +167,13 @@ def test_host_chains_equal_level_by_level_merging(case):
     assert torch.equal(tree.ancestor_mask(), reference.ancestor_mask())
     assert torch.equal(tree.tokens[: first["tokens"].numel()], first["tokens"])
     tree.validate()
+
+
+def test_validate_refuses_a_mask_that_misses_an_ancestor():
+    tree = DraftTree.from_root(1)
+    tree.add_children(torch.tensor([0]), torch.tensor([2]), torch.tensor([-0.1]), ORIGIN_MODEL)
+    tree.add_children(torch.tensor([1]), torch.tensor([3]), torch.tensor([-0.2]), ORIGIN_MODEL)  # root <- 1 <- 2
+    tree.validate()
+    tree.ancestor_mask()[2, 0] = False  # a view of the tree's mask
+    with pytest.raises(AssertionError, match="ancestor mask"):
+        tree.validate()

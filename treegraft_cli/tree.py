@@ -244,16 +244,25 @@ class DraftTree:
         scores: torch.Tensor,  # [m]
         origin: int,
         generations: int = 0,  # longest chain of parents inside the batch (0: every parent already exists)
-        depth: int | None = None,  # every new node's depth, when known (children of existing nodes only)
+        depth: int | torch.Tensor | None = None,  # the new nodes' depth(s), when known ([m] with ``inside``)
+        inside: torch.Tensor | None = None,  # [m, m] uint8, the batch's own ancestry (self included), when known
     ) -> None:
         """Write ``m`` nodes at ``n``: columns, ancestor-mask rows and depths (a row's count of ancestors).
 
         Rows past ``n`` were never written (trees only grow): kv_slot keeps its -1 fill and each mask row
-        its diagonal, so children of existing nodes take their parents' rows or-ed in.
+        its diagonal, so children of existing nodes take their parents' rows or-ed in. A caller that knows which
+        new nodes are ancestors of which (``inside``: a graft's template, the batch parents first) gives each row
+        at once: its nearest existing ancestor's row (the parent of its shallowest new ancestor), then the batch's.
         """
         m = parents.shape[0]
         b = self._buffers
-        if generations:  # parents inside the batch: pointer doubling pulls in their rows
+        if inside is not None:
+            anchors = parents.index_select(0, inside.argmax(dim=1))  # argmax: the first 1, the shallowest ancestor
+            rows = self._mask.index_select(0, anchors)  # [m, capacity]: nothing at or past ``n`` (existing nodes)
+            rows[:, n : n + m] = inside
+            self._mask[n : n + m] = rows
+            depths = depth
+        elif generations:  # parents inside the batch: pointer doubling pulls in their rows
             # [m, capacity] the parent's row: an existing parent's ancestors, or an unwritten row (an inside parent's),
             # which holds only its own diagonal, the parent itself
             rows = self._mask.index_select(0, parents)
@@ -558,6 +567,12 @@ class DraftTree:
         keys = _keys(self.parents, self.tokens)
         if torch.unique(keys).numel() != n:
             raise AssertionError("siblings must have distinct tokens")
+        ancestors, hop, up = torch.eye(n, dtype=torch.bool, device=self.device), idx, self.parents.clamp(min=0)
+        for _ in range(int(self.depths.max())):
+            hop = up[hop]
+            ancestors[idx, hop] = True
+        if not torch.equal(self.ancestor_mask(), ancestors):
+            raise AssertionError("the ancestor mask must mark each node's ancestors and itself, nothing else")
 
 
 def best_by_score(scores: torch.Tensor, budget: int) -> torch.Tensor:  # scores: [n] root first -> [1 + budget]

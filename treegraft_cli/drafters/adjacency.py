@@ -190,14 +190,16 @@ class AdjacencyTable:
             tree.scores = pending.scores[:n]
         if count == 0:
             return tree
-        depths = template.fresh_depths(device)
-        order = torch.sort(torch.where(pending.kept, depths, size + 1), stable=True).indices[:count]  # depth order
+        by_depth = torch.sort(torch.where(pending.kept, template.fresh_depths(device), size + 1), stable=True)
+        order, depths = by_depth.indices[:count], by_depth.values[:count]  # the kept candidates, in depth order
         final = torch.arange(n + size, device=device)  # resolved node → index in the grown tree
         final[n + order] = torch.arange(n, n + count, device=device)
         tree._reserve(count)
-        chain = len(template.levels) - 1  # a depth-1 candidate's parent is in the tree: below, new ones at most
+        # a kept candidate's ancestors are merged (existing nodes) or kept: earlier in priority order, they are new
+        # and valid whenever it is
+        inside = template.ancestry_on(device).index_select(0, order).index_select(1, order)  # [count, count]
         tree._write(n, final[pending.node[template.parent_slots_on(device)[order]]], pending.tokens[order + 1],
-                    pending.scores[n + order], ORIGIN_ADJACENCY, generations=chain)
+                    pending.scores[n + order], ORIGIN_ADJACENCY, depth=depths, inside=inside)
         return tree
 
     @staticmethod

@@ -82,6 +82,7 @@ class RankTemplate:
     ranks: torch.Tensor  # [S] successor rank within the parent's table row (0 = best)
     depths: torch.Tensor  # [S] 1 for the root's children
     log_prior: torch.Tensor  # [S] float32, log q(rank): the node's own step, added to its parent's score
+    ancestry: torch.Tensor  # [S, S] uint8: row c marks candidate c and its ancestors among the candidates
     levels: tuple[torch.Tensor, ...]  # candidate indices at depth 1, 2, ...: one gather each
     template_size: int  # the first template_size candidates are the template, the rest its extension
     # per depth, each candidate's parent as a position among the candidates of the depth above (the root's children:
@@ -143,8 +144,13 @@ class RankTemplate:
         cache = self.__dict__.setdefault("_columns_on", {})
         if device not in cache:
             cache[device] = {"parent_slots": (self.parents + 1).to(device), "depths": self.depths.to(device),
-                             "fresh": torch.arange(self.size, device=device)}
+                             "fresh": torch.arange(self.size, device=device), "ancestry": self.ancestry.to(device)}
         return cache[device]
+
+    def ancestry_on(self, device: torch.device) -> torch.Tensor:  # [S, S] uint8
+        """Each candidate's ancestors among the candidates, itself included, as 0/1 bytes (``argmax`` finds the
+        shallowest: candidates are in priority order, parents first) on ``device``."""
+        return self._on(device)["ancestry"]
 
     def fresh_levels(self, device: torch.device, n: int) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...]:
         """Per depth, the node indices its candidates get when new in a tree of ``n`` nodes (``n`` + candidate
@@ -253,11 +259,17 @@ def _to_tensors(nodes: list[tuple[float, int, int, int]], template_size: int, de
     for index, node in enumerate(nodes):
         by_depth[node[1]].append(index)
     positions = [{candidate: position for position, candidate in enumerate(level)} for level in by_depth]
+    ancestry = [[0] * len(nodes) for _ in nodes]
+    for index, node in enumerate(nodes):  # a parent comes before its children
+        if node[2] >= 0:
+            ancestry[index] = list(ancestry[node[2]])
+        ancestry[index][index] = 1
     return RankTemplate(
         parents=torch.tensor([n[2] for n in nodes], dtype=torch.long, device=device),
         ranks=ranks,
         depths=depths,
         log_prior=torch.tensor([rank_log_prior(n[3]) for n in nodes], dtype=torch.float32, device=device),
+        ancestry=torch.tensor(ancestry, dtype=torch.uint8, device=device).reshape(len(nodes), len(nodes)),
         levels=tuple(torch.nonzero(depths == d).flatten() for d in range(1, max_depth + 1)),
         template_size=template_size,
         parent_positions=tuple(tuple(positions[d - 1][nodes[i][2]] for i in by_depth[d]) for d in range(1, max_depth + 1)),
