@@ -193,13 +193,15 @@ class AdjacencyTable:
         by_depth = torch.sort(torch.where(pending.kept, template.fresh_depths(device), size + 1), stable=True)
         order, depths = by_depth.indices[:count], by_depth.values[:count]  # the kept candidates, in depth order
         final = torch.arange(n + size, device=device)  # resolved node → index in the grown tree
-        final[n + order] = torch.arange(n, n + count, device=device)
+        final[n:].index_copy_(0, order, torch.arange(n, n + count, device=device))
         tree._reserve(count)
         # a kept candidate's ancestors are merged (existing nodes) or kept: earlier in priority order, they are new
         # and valid whenever it is
         inside = template.ancestry_on(device).index_select(0, order).index_select(1, order)  # [count, count]
-        tree._write(n, final[pending.node[template.parent_slots_on(device)[order]]], pending.tokens[order + 1],
-                    pending.scores[n + order], ORIGIN_ADJACENCY, depth=depths, inside=inside)
+        # gathers by index_select on offset views: cheaper on the host than indexing with a tensor, or offsetting one
+        parents = final.index_select(0, pending.node.index_select(0, template.parent_slots_on(device).index_select(0, order)))
+        tree._write(n, parents, pending.tokens[1:].index_select(0, order), pending.scores[n:].index_select(0, order),
+                    ORIGIN_ADJACENCY, depth=depths, inside=inside)
         return tree
 
     @staticmethod
