@@ -354,3 +354,15 @@ def test_graft_nodes_are_validated():
                 {"graft_nodes": [1, 1, 1], "templates": [[1], [1], [1]]}):
         with pytest.raises(ConfigError):
             from_mapping(GraftConfig, bad)
+
+
+@pytest.mark.parametrize("counts", [(3,), (2, 3, 2), tuple(BASE_TEMPLATE)])
+def test_a_templates_ancestry_marks_each_candidate_and_its_ancestors(counts):
+    template = build_template(counts, sum(counts) + 4, 4, torch.device("cpu"))
+    parents = template.parents.tolist()
+    for candidate, row in enumerate(template.ancestry.tolist()):
+        expected, node = set(), candidate
+        while node >= 0:
+            expected.add(node)
+            node = parents[node]
+        assert {i for i, bit in enumerate(row) if bit} == expected, candidate

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treegraft_cli.lm import CausalLM
-from treegraft_cli.tree import ORIGIN_MODEL, DraftTree
+from treegraft_cli.tree import ORIGIN_MODEL, DraftTree, best_by_score
 from treegraft_cli.verify import tree_buffers
 
 
@@ -177,3 +177,13 @@ def test_validate_refuses_a_mask_that_misses_an_ancestor():
     tree.ancestor_mask()[2, 0] = False  # a view of the tree's mask
     with pytest.raises(AssertionError, match="ancestor mask"):
         tree.validate()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from([0.0, -0.5, -1.0, -2.0, float("-inf")]), min_size=1, max_size=20), st.integers(0, 24))
+def test_best_by_score_keeps_the_root_and_the_best_nodes_ties_to_the_lower_index(rest, budget):
+    """Scores tie often here, the root's 0 among them: the root still comes first, then the ``budget`` best other
+    nodes in ascending order, a tie going to the lower index (a parent before its child)."""
+    scores = torch.tensor([0.0, *rest])
+    ranked = sorted(range(1, len(scores)), key=lambda i: (-scores[i].item(), i))[:budget]
+    assert best_by_score(scores, budget).tolist() == [0, *sorted(ranked)]

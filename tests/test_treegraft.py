@@ -13,7 +13,7 @@ from treegraft_cli.config import DecodeConfig, TreeConfig
 from treegraft_cli.drafters.ngram import NgramIndex, TargetLogProbCache
 from treegraft_cli.engine import SpeculativeDecoder
 from treegraft_cli.errors import ConfigError
-from treegraft_cli.grafting.builder import Growth
+from treegraft_cli.grafting.builder import Growth, needed_nodes
 from treegraft_cli.grafting.tree_ops import cut_to_budget, graft_window
 from treegraft_cli.lm import CausalLM
 from treegraft_cli.methods import Models, Prefill, create_method
@@ -759,3 +759,14 @@ def test_a_discount_that_trims_every_tree_to_its_root_still_learns_when_the_chai
         ratios.append(rule.weak_outcomes.ratio)
     assert sizes[0] == 0 and ratios[1] > ratios[0]
     assert sizes[-1] == 4  # the whole chain is verified again
+
+
+def test_a_strong_call_forwards_the_nodes_with_children_in_order_then_the_pool_best_first():
+    """Unforwarded nodes with children (n-gram chains to rescore) come first, ascending, so every node follows its
+    ancestors and an accepted path's cache rows ascend; then the best of the window, best first; never the root."""
+    parents = [-1, 0, 0, 1, 3, 0, 2]  # nodes 0 (the root) .. 6
+    scores = [0.0, -1.0, -0.5, -1.5, -2.0, -0.2, -0.9]
+    rows = [-1, 0, -1, -1, -1, -1, -1]  # node 1 forwarded already; the root's row comes with the pending tokens
+    window = [0, 2, 4, 5, 6]
+    assert needed_nodes(parents, scores, rows, window, pool=2) == [2, 3, 5]  # the pool's best two: 5, and 2 (listed)
+    assert needed_nodes(parents, scores, rows, window, pool=4) == [2, 3, 5, 6, 4]
