@@ -129,18 +129,23 @@ def table(rows: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def arguments() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """The pair, methods, prompts and tree: issue 17's tiny-pair setup by default (``host_overhead_ab.py`` too)."""
     parser.add_argument("--pair", default="tiny-random@layers=2:tiny-random")
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
     parser.add_argument("--dtype", default="fp32")
-    parser.add_argument("--device", default="cpu")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--prompt-length", type=int, default=48)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--budget", type=int, default=16)
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--top-k", type=int, default=4)
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_workload_arguments(parser)
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kernels", default="auto")
     parser.add_argument("--compile", default="off", choices=MODES, help="static shapes for the forwards (capture.py)")

@@ -27,7 +27,7 @@ from pathlib import Path  # noqa: E402
 from types import ModuleType  # noqa: E402
 
 import torch  # noqa: E402
-from host_overhead import METHODS, prompts  # noqa: E402
+from host_overhead import add_workload_arguments, prompts  # noqa: E402
 
 import treegraft_cli  # noqa: E402
 
@@ -72,20 +72,12 @@ def timed_pass(decoder, inputs: list[torch.Tensor]) -> tuple[float, list[list[in
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("baseline", type=Path, help="a checkout of the commit to compare against")
-    parser.add_argument("--pair", default="tiny-random@layers=2:tiny-random")
-    parser.add_argument("--dtype", default="fp32")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    add_workload_arguments(parser)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--prompt-length", type=int, default=48)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--budget", type=int, default=16)
-    parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--top-k", type=int, default=4)
     args = parser.parse_args()
     torch.set_num_threads(1)
     load_baseline(args.baseline)
-    inputs = prompts(args.prompts, args.prompt_length, 256)
+    inputs = prompts(args.prompts, args.prompt_length, 256)  # the tiny pair's vocabulary, as host_overhead.py caps it
     versions = {"baseline": decoders(BASELINE, args, inputs[0]), "this": decoders("treegraft_cli", args, inputs[0])}
     host_ms = {(version, m): [] for version in versions for m in args.methods}
     outputs = {}
