@@ -13,6 +13,7 @@ import torch
 
 from .hostlists import floats, longs
 from .syncs import host_only, read
+from .verify import tree_buffers
 
 # Which drafter proposed a node (the ``origin`` column).
 ORIGIN_ROOT = 0
@@ -567,11 +568,7 @@ class DraftTree:
         keys = _keys(self.parents, self.tokens)
         if torch.unique(keys).numel() != n:
             raise AssertionError("siblings must have distinct tokens")
-        ancestors, hop, up = torch.eye(n, dtype=torch.bool, device=self.device), idx, self.parents.clamp(min=0)
-        for _ in range(int(self.depths.max())):
-            hop = up[hop]
-            ancestors[idx, hop] = True
-        if not torch.equal(self.ancestor_mask(), ancestors):
+        if not torch.equal(self.ancestor_mask(), tree_buffers(self.parents[None])[0][0]):
             raise AssertionError("the ancestor mask must mark each node's ancestors and itself, nothing else")
 
 

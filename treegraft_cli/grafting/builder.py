@@ -419,10 +419,9 @@ def needed_nodes(
     ascending, so each comes after its ancestors and a committed path's cache rows ascend; then the best ``pool``
     window nodes without a row and without children, best first (the root's row comes with the pending committed
     tokens). A run forwards its positions in the same order (``run_strong_layers``, ``OpenLayout``)."""
-    with_children = sorted({p for p in parents[1:] if p > 0 and rows[p] < 0})
+    with_children = {p for p in parents[1:] if p > 0 and rows[p] < 0}
     best = best_nodes(scores, [i for i in window if i > 0 and rows[i] < 0], pool)
-    having_children = set(with_children)
-    return with_children + [i for i in best if i not in having_children]
+    return sorted(with_children) + [i for i in best if i not in with_children]
 
 
 def best_nodes(scores: list[float], allowed: list[int], k: int) -> list[int]:
