@@ -21,9 +21,11 @@ from dataclasses import dataclass, replace
 
 import torch
 from transformers import PreTrainedModel, Qwen3Config, Qwen3ForCausalLM
+from verify_kernels import graft_inputs
 
 from treegraft_cli.bench.lossless import TIE_TOLERANCE, check_turn
 from treegraft_cli.config import DecodeConfig, TreeConfig
+from treegraft_cli.drafters import adjacency
 from treegraft_cli.engine import Generation, SpeculativeDecoder
 from treegraft_cli.kernels import triton_status
 from treegraft_cli.lm import CausalLM, gather_rows
@@ -83,6 +85,7 @@ def check_kernels(device: torch.device, sizes: Sizes) -> list[str]:
     if not usable:
         return [f"kernels: {why} ({fix})"]
     # imported once triton is known to run here (the modules need it)
+    from treegraft_cli.kernels import graft_candidates as graft_kernel
     from treegraft_cli.kernels import greedy, kv_commit, sampling, walk
     from treegraft_cli.kernels import tree_buffers as tree_kernel
     failures = []
@@ -107,6 +110,10 @@ def check_kernels(device: torch.device, sizes: Sizes) -> list[str]:
             uniforms = ((upper - torch.gather(probs, -1, token) / 2) / cdf[..., -1:]).squeeze(-1)
             cases.append(("sample_choices", lambda x=logits, u=uniforms: sampling.sample_choices(x, u, 0.8, 0, 1.0),
                           lambda x=logits, u=uniforms: sample_choices(x, u, 0.8, 0, 1.0)))
+            if dtype == torch.float32:  # grafting reads no logits: once per tree size
+                graft = graft_inputs(n, sizes.vocab, device, generator)
+                cases.append(("graft_candidates", lambda g=graft: graft_kernel.graft_candidates(*g),
+                              lambda g=graft: adjacency.graft_candidates(*g)))
             for name, kernel, reference in cases:
                 if not _same(kernel(), reference()):
                     failures.append(f"kernel {name}: nodes {n}, vocab {sizes.vocab}, {dtype}: differs from the reference")

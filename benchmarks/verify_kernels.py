@@ -1,6 +1,7 @@
-"""Micro-benchmark: torch reference vs Triton kernel for tree verification.
+"""Micro-benchmark: torch reference vs Triton kernel for tree verification and grafting.
 
-Trees of 8–128 nodes, vocabularies of 32k–152k. On CPU only the references run (the Triton kernels need
+Trees of 8–128 nodes, vocabularies of 32k–152k. ``graft`` works out a graft's candidates onto a tree of half the
+nodes, the other half's slots retrieved from a table of every token's 8 successors (``drafters/adjacency.py``). On CPU only the references run (the Triton kernels need
 CUDA; the interpreter is a correctness tool, not a speed one); on CUDA both run, with the speedup.
 
     python benchmarks/verify_kernels.py [--nodes 8 32 128] [--vocab 32000 152064] [--reps 5]
@@ -15,6 +16,8 @@ from collections.abc import Callable
 import torch
 
 from treegraft_cli import lm, verify
+from treegraft_cli.drafters import adjacency
+from treegraft_cli.drafters.rank_template import BASE_TEMPLATE, RankTemplate, build_template, scale_counts
 from treegraft_cli.kernels import triton_status
 
 SAMPLING = {  # (temperature, top-k, top-p): each filter on its own and both (the costliest path)
@@ -52,6 +55,26 @@ def random_tree(n: int, vocab: int, device: torch.device) -> tuple[torch.Tensor,
     return parents, tokens
 
 
+def graft_inputs(n: int, vocab: int, device: torch.device, generator: torch.Generator | None = None,
+                 table_k: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, RankTemplate, int, int]:
+    """A graft's inputs (``adjacency.graft_candidates``): a table with every row written, a drafted tree of ``n // 2``
+    nodes (at least the root) whose tokens follow the table (so candidates merge into it), and a template of ``n``
+    candidates for the other ``n - n // 2`` slots."""
+    successors = torch.randint(0, vocab, (vocab + 2, table_k), generator=generator)
+    successors[vocab:] = vocab + 1  # the scratch and sentinel rows
+    drafted = max(1, n // 2)
+    parents = torch.cat([torch.tensor([-1]), torch.arange(1, drafted) // 3])  # about 3 children each
+    tokens = torch.zeros(drafted, dtype=torch.long)
+    tokens[0] = int(torch.randint(0, vocab, (1,), generator=generator))
+    for node in range(1, drafted):
+        tokens[node] = successors[tokens[parents[node]], (node - 1) % 3]
+    scores = torch.cat([torch.zeros(1), -torch.rand(drafted - 1, generator=generator).cumsum(0)])
+    slots = n - n // 2
+    template = build_template(scale_counts(BASE_TEMPLATE, max(slots, 1), table_k), n, table_k, device)
+    depth = int(verify.tree_buffers(parents[None])[1].max())
+    return successors.to(device), tokens.to(device), parents.to(device), scores.to(device), template, slots, depth
+
+
 def cases(n: int, vocab: int, device: torch.device, dtype: torch.dtype):
     """(name, reference call, kernel call or None) for one tree size and vocabulary."""
     parents, tokens = random_tree(n, vocab, device)
@@ -60,9 +83,10 @@ def cases(n: int, vocab: int, device: torch.device, dtype: torch.dtype):
     kv = [torch.randn(1, KV["heads"], KV["seq"], KV["head_dim"], device=device, dtype=torch.bfloat16) for _ in range(2 * KV["layers"])]
     keep = torch.arange(KV["seq"] - n, KV["seq"], 4, device=device)
     start = KV["seq"] - n
+    graft = graft_inputs(n, vocab, device)
     kernels = None
     if triton_status(device)[0] and device.type == "cuda":
-        from treegraft_cli.kernels import greedy, kv_commit, sampling, tree_buffers
+        from treegraft_cli.kernels import graft_candidates, greedy, kv_commit, sampling, tree_buffers
 
         kernels = {
             "tree_buffers": lambda: tree_buffers.tree_buffers(parents),
@@ -70,6 +94,7 @@ def cases(n: int, vocab: int, device: torch.device, dtype: torch.dtype):
             **{name: lambda f=filters: sampling.verify_sampling(logits, tokens, parents, uniforms, *f)
                for name, filters in SAMPLING.items()},
             "kv_commit": lambda: kv_commit.gather_rows(kv, keep, start),
+            "graft": lambda: graft_candidates.graft_candidates(*graft),
         }
     references = {
         "tree_buffers": lambda: verify.tree_buffers(parents),
@@ -77,6 +102,7 @@ def cases(n: int, vocab: int, device: torch.device, dtype: torch.dtype):
         **{name: lambda f=filters: verify.verify_sampling(logits, tokens, parents, uniforms, *f)
            for name, filters in SAMPLING.items()},
         "kv_commit": lambda: lm.gather_rows(kv, keep, start),
+        "graft": lambda: adjacency.graft_candidates(*graft),
     }
     for name, reference in references.items():
         yield name, reference, (kernels or {}).get(name)
@@ -97,7 +123,7 @@ def main() -> None:
     for vocab in args.vocab:
         for n in args.nodes:
             for name, reference, kernel in cases(n, vocab, device, dtype):
-                if name in ("tree_buffers", "kv_commit") and vocab != args.vocab[0]:
+                if name in ("tree_buffers", "kv_commit", "graft") and vocab != args.vocab[0]:
                     continue  # independent of the vocabulary: one row per tree size
                 ref_ms = measure(reference)
                 row = f"{name:<13}{n:>6}{vocab:>8}{ref_ms:>11.3f}"

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from treegraft_cli.drafters.adjacency import AdjacencyTable
+from treegraft_cli.tree import ORIGIN_MODEL, DraftTree
 from treegraft_cli.verify import process_logits
 
 
@@ -67,3 +69,18 @@ def midpoint_uniforms(generator: torch.Generator, probs: torch.Tensor) -> torch.
     upper = torch.gather(cdf, -1, token)
     lower = upper - torch.gather(probs, -1, token)
     return ((lower + upper) / 2 / total).squeeze(-1).float()
+
+
+def random_graft_case(generator: torch.Generator, vocab: int, k: int, layers: int, written: int):
+    """A drafted tree (random parents and tokens), and an adjacency table with ``written``
+    random rows written (at least one; all rows when ``written`` >= vocab): the inputs of a graft."""
+    tree = DraftTree.from_root(int(torch.randint(0, vocab, (1,), generator=generator)))
+    for _ in range(layers):
+        m = int(torch.randint(1, 9, (1,), generator=generator))
+        parents = torch.randint(0, tree.num_nodes, (m,), generator=generator)
+        tokens = torch.randint(0, vocab, (m,), generator=generator)
+        tree.add_children(parents, tokens, tree.scores[parents] - torch.rand(m, generator=generator), ORIGIN_MODEL)
+    table = AdjacencyTable(min(k, vocab))
+    rows = torch.arange(vocab) if written >= vocab else torch.randint(0, vocab, (max(written, 1),), generator=generator)
+    table.write(rows, torch.randn(rows.numel(), vocab, generator=generator))
+    return tree, table

@@ -85,3 +85,25 @@ def test_sampling_takes_the_kernel_only_without_filters(monkeypatch, top_k, top_
     uniforms = torch.rand(1, 3, generator=torch.Generator().manual_seed(1))
     backend.verify_sampling(logits, tokens, parents, uniforms, 0.8, top_k, top_p)
     assert len(calls) == kernel_calls
+
+
+@needs_triton
+@pytest.mark.parametrize("method", ["adjacency", "graft"])
+def test_grafting_methods_match_with_the_graft_kernel(tiny_self_pair, monkeypatch, method):
+    """The Triton backend grafts through its kernel, and every graft gives the same tree: the same tokens and
+    accepted lengths as the reference. Thresholds of 1 make every graft checkpoint fire."""
+    from treegraft_cli.kernels import graft_candidates
+
+    calls = []
+    kernel = graft_candidates.graft_candidates
+    monkeypatch.setattr(graft_candidates, "graft_candidates", lambda *args: calls.append(1) or kernel(*args))
+    prompt = random_prompt(seed=23)
+    options = {"thresholds": [1.0, 1.0, 1.0]} if method == "graft" else {}
+    outputs = [
+        speculative(tiny_self_pair, DecodeConfig(method=method, tree=SMALL_TREE, max_new_tokens=12, kernels=k,
+                                                 method_options=options), prompt)
+        for k in ("torch", "triton")
+    ]
+    assert outputs[0].output_ids == outputs[1].output_ids
+    assert [s.accepted_length for s in outputs[0].steps] == [s.accepted_length for s in outputs[1].steps]
+    assert len(calls) >= len(outputs[1].steps)  # a graft every step

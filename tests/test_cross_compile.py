@@ -23,7 +23,8 @@ from treegraft_cli.kernels import interpreting, triton_installed
 pytestmark = pytest.mark.skipif(not triton_installed(), reason="triton is not installed")
 
 ROOT = Path(__file__).resolve().parents[1]
-KERNELS = ("_tree_buffers_kernel", "_argmax_kernel", "_sample_kernel", "_accept_kernel", "_gather_rows_kernel")
+KERNELS = ("_tree_buffers_kernel", "_argmax_kernel", "_sample_kernel", "_accept_kernel", "_gather_rows_kernel",
+           "_graft_candidates_kernel")
 
 
 def _compiled_python(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:

@@ -10,15 +10,24 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_cases import midpoint_uniforms, permuted_logits, random_parents, separated_top_p, tokens_against
+from kernel_cases import (
+    midpoint_uniforms,
+    permuted_logits,
+    random_graft_case,
+    random_parents,
+    separated_top_p,
+    tokens_against,
+)
 
 from treegraft_cli import lm, verify
+from treegraft_cli.drafters import adjacency
+from treegraft_cli.drafters.rank_template import BASE_TEMPLATE, build_template, scale_counts
 from treegraft_cli.kernels import triton_status
 
 if not triton_status(torch.device("cpu"))[0]:
     pytest.skip("triton cannot run here (not installed, or TRITON_INTERPRET unset)", allow_module_level=True)
 
-from treegraft_cli.kernels import greedy, kv_commit, sampling, tree_buffers, walk  # noqa: E402
+from treegraft_cli.kernels import graft_candidates, greedy, kv_commit, sampling, tree_buffers, walk  # noqa: E402
 
 SETTINGS = settings(max_examples=15, deadline=None, derandomize=True)
 shapes = st.tuples(st.integers(1, 3), st.integers(1, 32), st.sampled_from([64, 200, 512]), st.integers(0, 2**31 - 1))
@@ -159,3 +168,28 @@ def test_kv_commit_on_a_block_cache_equals_the_reference(tiny_pair):
     assert ours.cache.blocks[0].capacity > 12
     for mine, theirs in zip(ours.cache.layers, reference.cache.layers, strict=True):
         assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    vocab=st.integers(4, 40),
+    k=st.integers(1, 6),
+    layers=st.integers(0, 5),
+    written=st.integers(0, 60),
+    budget=st.integers(1, 70),
+    slots=st.integers(0, 70),
+    depth_known=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_graft_candidates(vocab, k, layers, written, budget, slots, depth_known, seed):
+    """Tokens, resolved nodes, scores (merges raised), kept and count equal the reference's exactly, with unwritten
+    rows, and with the tree's depth known or not."""
+    generator = torch.Generator().manual_seed(seed)
+    tree, table = random_graft_case(generator, vocab, k, layers, written)
+    template = build_template(scale_counts(BASE_TEMPLATE, max(1, min(slots, budget)), table.k), budget, table.k)
+    tree_depth = tree.max_depth if depth_known else len(template.levels)
+    inputs = (table._successors, tree.tokens, tree.parents, tree.scores, template, slots, tree_depth)
+    got, want = graft_candidates.graft_candidates(*inputs), adjacency.graft_candidates(*inputs)
+    for name, g, w in zip(("tokens", "node", "scores", "kept", "count"), got, want, strict=True):
+        assert g.dtype == w.dtype and torch.equal(g, w), name
+

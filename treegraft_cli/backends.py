@@ -1,7 +1,7 @@
-"""Verification backends: where tree buffers, acceptance and KV commit run.
+"""Kernel backends: where tree buffers, acceptance, KV commit and a graft's candidates run.
 
-The backend is chosen once when the engine is built. ``torch`` runs the reference implementations in
-``verify.py`` and ``lm.gather_rows``; ``triton`` runs the kernels in ``treegraft_cli.kernels`` behind the
+The backend is chosen once when the engine is built (and by the methods that graft). ``torch`` runs the reference implementations in
+``verify.py``, ``lm.gather_rows`` and ``drafters.adjacency.graft_candidates``; ``triton`` runs the kernels in ``treegraft_cli.kernels`` behind the
 same calls, so the engine never knows which one it has. ``buffers`` (ancestor mask and depths, which a
 ``DraftTree`` keeps) spare the torch reference rebuilding them; the Triton walk does not need them.
 """
@@ -13,6 +13,7 @@ import importlib
 import torch
 
 from . import verify
+from .drafters import adjacency
 from .errors import ConfigError
 from .kernels import triton_status
 from .lm import CausalLM
@@ -41,6 +42,9 @@ class VerifyBackend:
     def commit(self, lm: CausalLM, keep_positions: torch.Tensor, start: int) -> None:  # [m]
         lm.commit(keep_positions, start)
 
+    # (successors, tree tokens, tree parents, tree scores, template, slots, tree depth): an ``AdjacencyTable``'s graft
+    graft_candidates: adjacency.GraftCandidates = staticmethod(adjacency.graft_candidates)
+
 
 class TritonBackend(VerifyBackend):
     """The Triton kernels. Importable without triton; building one where it cannot run is a ConfigError."""
@@ -59,6 +63,8 @@ class TritonBackend(VerifyBackend):
         self._greedy, self._argmax = greedy.verify_greedy, greedy.argmax_choices
         self._sampling = load("treegraft_cli.kernels.sampling").verify_sampling
         self._gather_rows = load("treegraft_cli.kernels.kv_commit").gather_rows
+        # one launch instead of a few per template depth: on a GPU their host time outweighs the work
+        self.graft_candidates = load("treegraft_cli.kernels.graft_candidates").graft_candidates
 
     def tree_buffers(self, parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [batch, nodes]
         return self._tree_buffers(parents)

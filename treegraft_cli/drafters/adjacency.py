@@ -14,6 +14,7 @@ every request start and ``reset`` only when they want a fresh table.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,9 @@ from ..hostlists import longs
 from ..lm import on_device_of
 from ..tree import ORIGIN_ADJACENCY, DraftTree
 from .rank_template import RankTemplate
+
+# (successors, tree tokens, tree parents, tree scores, template, slots, tree depth) -> tokens, node, scores, kept, count
+GraftCandidates = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -38,10 +42,12 @@ class PendingGraft:
 
 
 class AdjacencyTable:
-    def __init__(self, k: int, device: torch.device | str | None = None):
+    def __init__(self, k: int, device: torch.device | str | None = None, candidates: GraftCandidates | None = None):
         """``device``: where trees are grafted (the table lives there; written rows move to it). None: where
-        the first logits written are."""
+        the first logits written are. ``candidates``: how a graft's candidates are worked out, ``graft_candidates``
+        (the default) or its kernel (``VerifyBackend.graft_candidates`` picks)."""
         self.k = k
+        self.candidates = candidates or graft_candidates
         self.device = None if device is None else torch.device(device)
         # [vocab + 2, k], allocated at the first write: the table, a scratch row (vocab) that takes the writes a later
         # one overrides, and a sentinel token's (vocab + 1) row of sentinels. Every unwritten row holds sentinels, so
@@ -159,27 +165,12 @@ class AdjacencyTable:
         grafted. A caller may read ``count`` together with other values, then ``finish``."""
         if slots <= 0 or template.size == 0 or self._successors is None:
             return None
-        device, n, size = tree.device, tree.num_nodes, template.size
-        successors = on_device_of(self._successors, device)
-        invalid = successors.shape[0] - 1  # the sentinel token: some row on the way was never written
-        # per candidate (slot 0 the root): token, then the resolved node: an existing index, or n + slot - 1 if new
-        # (every candidate's token is written below: only the root's matters here)
-        tokens = tree.tokens[:1].repeat(size + 1)
-        node = template.fresh_slots(device, n).clone()  # every candidate new until it merges (``_resolve``)
-        columns = template.level_columns(device)
-        if n == 1:  # a bare root: nothing to merge into, every candidate is new and scored by its priors alone
-            scores = torch.cat([tree.scores, template.root_scores(device)])  # [1 + size] slot s holds node s
-            chained, _ = _chains(successors, template, device, 1, tokens[:1], None)
-            tokens.index_copy_(0, template.tail(device, n, 1)[0], chained)
-        else:
-            # scores by resolved node: the tree's nodes, then every candidate's own (a merged one's too), all written
-            # in ``_resolve``: the memoised root scores only fill the room
-            scores = torch.cat([tree.scores, template.root_scores(device)])  # [n + size]
-            levels = template.fresh_levels(device, n)
-            self._resolve(tree, template, tokens, node, scores, successors, levels, len(columns) if depth is None else depth)
-        is_new = ((tokens != invalid) & (node >= n))[1:]  # [size] valid new candidates, in priority order
-        kept = is_new & (torch.cumsum(is_new, 0) <= slots)
-        return PendingGraft(tree, template, tokens, node, scores, kept, kept.sum(dtype=torch.float32))
+        successors = on_device_of(self._successors, tree.device)
+        tree_depth = len(template.levels) if depth is None else depth
+        tokens, node, scores, kept, count = self.candidates(
+            successors, tree.tokens, tree.parents, tree.scores, template, slots, tree_depth
+        )
+        return PendingGraft(tree, template, tokens, node, scores, kept, count)
 
     @staticmethod
     def finish(pending: PendingGraft, count: int) -> DraftTree:
@@ -204,45 +195,84 @@ class AdjacencyTable:
                     ORIGIN_ADJACENCY, depth=depths, inside=inside)
         return tree
 
-    @staticmethod
-    def _resolve(
-        tree: DraftTree,
-        template: RankTemplate,
-        tokens: torch.Tensor,  # [size + 1] filled here, slot 0 the root
-        node: torch.Tensor,  # [size + 1] each candidate's new node index; a merging one's replaced here
-        scores: torch.Tensor,  # [n + size] existing nodes' scores (merges raise them), candidates' filled here
-        successors: torch.Tensor,  # [vocab + 2, k]
-        fresh_levels: tuple[tuple[torch.Tensor, ...], ...],  # ``RankTemplate.fresh_levels``
-        tree_depth: int,  # no node of ``tree`` is deeper
-    ) -> None:
-        """Depth by depth: each candidate's token, and the node it resolves to, merging into an existing child.
 
-        A candidate merges only into an existing node of its own depth: past ``tree_depth`` every one is new. Two
-        depths past the tree's every parent is new too, so those depths follow from the one above alone
-        (``_chains``) and are written at once."""
-        n, device = tree.num_nodes, tree.device
-        columns = template.level_columns(device)
-        existing = torch.add(tree.tokens, tree.parents, alpha=1 << 32)[None, :]  # [1, n] keys (parent, token)
-        indices = torch.arange(n, device=device)
-        resolving = min(tree_depth + 1, len(columns))  # the depths whose parents may be existing nodes
-        levels = zip(columns[:resolving], fresh_levels, strict=False)
-        for depth, ((_, slot, parent, rank, prior), (fresh, fresh_column, _)) in enumerate(levels, start=1):
-            parent_node = node.index_select(0, parent)
-            token = successors[tokens.index_select(0, parent), rank]
-            tokens.index_copy_(0, slot, token)
-            score = scores.index_select(0, parent_node) + prior
-            scores.index_copy_(0, fresh, score)
-            if depth > tree_depth:
-                continue
-            same = torch.add(token, parent_node, alpha=1 << 32)[:, None] == existing  # [l, n]; sentinels match nothing
-            resolved = torch.where(same, indices, fresh_column).amin(dim=1)  # the matching node, else the new one
-            node.index_copy_(0, slot, resolved)
-            scores.scatter_reduce_(0, resolved, score, reduce="amax")  # a merged node keeps the higher score
-        if resolving < len(columns):
-            chained, chained_scores = _chains(successors, template, device, resolving + 1, token, score)
-            slots, nodes = template.tail(device, n, resolving + 1)
-            tokens.index_copy_(0, slots, chained)
-            scores.index_copy_(0, nodes, chained_scores)
+def graft_candidates(
+    successors: torch.Tensor,  # [vocab + 2, k] the table, its scratch row, and the sentinel token's row of sentinels
+    tree_tokens: torch.Tensor,  # [n]
+    tree_parents: torch.Tensor,  # [n] -1 for the root
+    tree_scores: torch.Tensor,  # [n] float32, the root's 0
+    template: RankTemplate,
+    slots: int,  # the most new nodes kept
+    tree_depth: int,  # no node of the tree is deeper
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every template candidate grown from the tree's root, resolved against the tree: ``(tokens [S + 1], node
+    [S + 1], scores [n + S], kept [S], count [])`` as ``PendingGraft`` holds them (slot 0 the root).
+
+    A candidate's token is ``successors[parent's token, rank]``; it resolves to the existing child of its parent's
+    node with that token (the lowest index when several match), else to the new node ``n + candidate index``. Its
+    score is its parent node's score plus its log prior (float32); a merge raises the existing node's score to the
+    higher of the two, before the depth below reads it. ``kept``: the valid new candidates, in priority order, up
+    to ``slots``. The torch reference of ``kernels.graft_candidates``.
+    """
+    n, device, size = tree_tokens.shape[0], tree_tokens.device, template.size
+    invalid = successors.shape[0] - 1  # the sentinel token: some row on the way was never written
+    # per candidate (slot 0 the root): token, then the resolved node: an existing index, or n + slot - 1 if new
+    # (every candidate's token is written below: only the root's matters here)
+    tokens = tree_tokens[:1].repeat(size + 1)
+    node = template.fresh_slots(device, n).clone()  # every candidate new until it merges (``_resolve``)
+    # scores by resolved node: the tree's nodes, then every candidate's own (a merged one's too), all written in
+    # ``_resolve``: the memoised root scores only fill the room, and are every score under a bare root
+    scores = torch.cat([tree_scores, template.root_scores(device)])  # [n + size]
+    if n == 1:  # a bare root: nothing to merge into, every candidate is new and scored by its priors alone
+        chained, _ = _chains(successors, template, device, 1, tokens[:1], None)
+        tokens.index_copy_(0, template.tail(device, n, 1)[0], chained)
+    else:
+        levels = template.fresh_levels(device, n)
+        _resolve(tree_tokens, tree_parents, template, tokens, node, scores, successors, levels, tree_depth)
+    is_new = ((tokens != invalid) & (node >= n))[1:]  # [size] valid new candidates, in priority order
+    kept = is_new & (torch.cumsum(is_new, 0) <= slots)
+    return tokens, node, scores, kept, kept.sum(dtype=torch.float32)
+
+
+def _resolve(
+    tree_tokens: torch.Tensor,  # [n]
+    tree_parents: torch.Tensor,  # [n]
+    template: RankTemplate,
+    tokens: torch.Tensor,  # [size + 1] filled here, slot 0 the root
+    node: torch.Tensor,  # [size + 1] each candidate's new node index; a merging one's replaced here
+    scores: torch.Tensor,  # [n + size] existing nodes' scores (merges raise them), candidates' filled here
+    successors: torch.Tensor,  # [vocab + 2, k]
+    fresh_levels: tuple[tuple[torch.Tensor, ...], ...],  # ``RankTemplate.fresh_levels``
+    tree_depth: int,  # no node of ``tree`` is deeper
+) -> None:
+    """Depth by depth: each candidate's token, and the node it resolves to, merging into an existing child.
+
+    A candidate merges only into an existing node of its own depth: past ``tree_depth`` every one is new. Two
+    depths past the tree's every parent is new too, so those depths follow from the one above alone
+    (``_chains``) and are written at once."""
+    n, device = tree_tokens.shape[0], tree_tokens.device
+    columns = template.level_columns(device)
+    existing = torch.add(tree_tokens, tree_parents, alpha=1 << 32)[None, :]  # [1, n] keys (parent, token)
+    indices = torch.arange(n, device=device)
+    resolving = min(tree_depth + 1, len(columns))  # the depths whose parents may be existing nodes
+    levels = zip(columns[:resolving], fresh_levels, strict=False)
+    for depth, ((_, slot, parent, rank, prior), (fresh, fresh_column, _)) in enumerate(levels, start=1):
+        parent_node = node.index_select(0, parent)
+        token = successors[tokens.index_select(0, parent), rank]
+        tokens.index_copy_(0, slot, token)
+        score = scores.index_select(0, parent_node) + prior
+        scores.index_copy_(0, fresh, score)
+        if depth > tree_depth:
+            continue
+        same = torch.add(token, parent_node, alpha=1 << 32)[:, None] == existing  # [l, n]; sentinels match nothing
+        resolved = torch.where(same, indices, fresh_column).amin(dim=1)  # the matching node, else the new one
+        node.index_copy_(0, slot, resolved)
+        scores.scatter_reduce_(0, resolved, score, reduce="amax")  # a merged node keeps the higher score
+    if resolving < len(columns):
+        chained, chained_scores = _chains(successors, template, device, resolving + 1, token, score)
+        slots, nodes = template.tail(device, n, resolving + 1)
+        tokens.index_copy_(0, slots, chained)
+        scores.index_copy_(0, nodes, chained_scores)
 
 
 def _chains(

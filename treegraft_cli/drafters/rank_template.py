@@ -144,8 +144,15 @@ class RankTemplate:
         cache = self.__dict__.setdefault("_columns_on", {})
         if device not in cache:
             cache[device] = {"parent_slots": (self.parents + 1).to(device), "depths": self.depths.to(device),
-                             "fresh": torch.arange(self.size, device=device), "ancestry": self.ancestry.to(device)}
+                             "fresh": torch.arange(self.size, device=device), "ancestry": self.ancestry.to(device),
+                             "ranks": self.ranks.to(device), "log_prior": self.log_prior.to(device)}
         return cache[device]
+
+    def kernel_columns(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Parent slots, ranks, log priors and depths, each ``[S]``, on ``device``: the whole template as the graft
+        kernel reads it (``kernels.graft_candidates``)."""
+        columns = self._on(device)
+        return columns["parent_slots"], columns["ranks"], columns["log_prior"], columns["depths"]
 
     def ancestry_on(self, device: torch.device) -> torch.Tensor:  # [S, S] uint8
         """Each candidate's ancestors among the candidates, itself included, as 0/1 bytes (``argmax`` finds the

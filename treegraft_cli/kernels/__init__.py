@@ -1,4 +1,4 @@
-"""Triton verification kernels, one module per kernel, each beside a launcher whose signature equals
+"""Triton kernels of verification and grafting, one module per kernel, each beside a launcher whose signature equals
 its torch reference (Liger-Kernel layout):
 
 | module | launcher | torch reference |
@@ -8,6 +8,7 @@ its torch reference (Liger-Kernel layout):
 | ``greedy`` | ``argmax_choices(logits)``, ``verify_greedy(logits, tokens, parents)`` | ``verify.argmax_choices``, ``verify.verify_greedy`` |
 | ``sampling`` | ``sample_choices(...)``, ``verify_sampling(...)`` | ``verify.sample_choices``, ``verify.verify_sampling`` |
 | ``kv_commit`` | ``gather_rows(tensors, keep_positions, start)`` | ``lm.gather_rows`` |
+| ``graft_candidates`` | ``graft_candidates(successors, tree_tokens, tree_parents, tree_scores, template, slots, tree_depth)`` | ``drafters.adjacency.graft_candidates`` |
 
 This package imports without triton; the kernel modules themselves need it, so import them only after
 ``triton_status()`` says they can run. ``cross_compile`` compiles them for GPU architectures this machine

@@ -184,10 +184,17 @@ class LaunchSizes:
 
 def launch_every_kernel(sizes: LaunchSizes = LaunchSizes()) -> None:
     """Call every kernel's launcher in each configuration the engine uses: greedy and sampled verification of
-    bf16, fp16 and fp32 logits (top-k and top-p each on and off), tree buffers, and the KV commit of 2-byte and
-    4-byte caches. Under ``recording`` this launches nothing."""
-    from . import greedy, kv_commit, sampling, tree_buffers
+    bf16, fp16 and fp32 logits (top-k and top-p each on and off), tree buffers, a graft's candidates, and the KV
+    commit of 2-byte and 4-byte caches. Under ``recording`` this launches nothing."""
+    from ..drafters.rank_template import BASE_TEMPLATE, build_template, scale_counts
+    from . import graft_candidates, greedy, kv_commit, sampling, tree_buffers
 
+    table_k = 8
+    successors = torch.empty(sizes.vocab + 2, table_k, dtype=torch.long)
+    for n in sizes.nodes:  # the largest tiles: a tree of the whole budget, a template of as many candidates
+        template = build_template(scale_counts(BASE_TEMPLATE, n // 2, table_k), n, table_k)
+        tree = torch.zeros(n, dtype=torch.long)
+        graft_candidates.graft_candidates(successors, tree, tree, torch.zeros(n), template, n // 2, 4)
     for n in sizes.nodes:
         parents = torch.arange(-1, n - 1)[None]  # a chain: any tree has these argument types
         tokens = torch.zeros(1, n, dtype=torch.long)

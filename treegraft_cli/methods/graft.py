@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..backends import select_backend
 from ..config import DecodeConfig
 from ..drafters.adjacency import AdjacencyTable
 from ..drafters.rank_template import BASE_TEMPLATE, RankTemplate, build_template, scale_counts
@@ -120,8 +121,9 @@ class AdjacencyMethod(Method):
         super().__init__(models, config)
         budget, k = config.tree.budget, self.options.table_k
         counts = self.options.template or scale_counts(self.options.base_template, budget, k)
-        self.template = build_template(counts, budget, k, models.target.device)
-        self.table = AdjacencyTable(k, models.target.device)
+        device = models.target.device
+        self.template = build_template(counts, budget, k, device)
+        self.table = AdjacencyTable(k, device, select_backend(config.kernels, device).graft_candidates)
         self.roots = RootTrees()
 
     def reset_table(self) -> None:
@@ -170,7 +172,8 @@ class GraftMethod(DenseMethod):
 
     def __init__(self, models: Models, config: DecodeConfig):
         super().__init__(models, config)
-        self.table = AdjacencyTable(self.options.table_k, models.drafter.device)  # grafted onto the drafter's trees
+        device = models.drafter.device  # grafted onto the drafter's trees
+        self.table = AdjacencyTable(self.options.table_k, device, select_backend(config.kernels, device).graft_candidates)
         self.stages = self._stages(models.drafter.device)
         self.fired: int | None = None  # the stage that fired in the last step
         self.deferred: tuple[list[int], torch.Tensor] | None = None  # stages judged after the step, their log c_d
