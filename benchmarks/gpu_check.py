@@ -114,6 +114,10 @@ def check_kernels(device: torch.device, sizes: Sizes) -> list[str]:
                 graft = graft_inputs(n, sizes.vocab, device, generator)
                 cases.append(("graft_candidates", lambda g=graft: graft_kernel.graft_candidates(*g),
                               lambda g=graft: adjacency.graft_candidates(*g)))
+                *candidates, count = adjacency.graft_candidates(*graft)  # tokens, node, scores, kept
+                appended = (*candidates, graft[4], int(count))
+                cases.append(("appended_nodes", lambda a=appended: graft_kernel.appended_nodes(*a),
+                              lambda a=appended: adjacency.appended_nodes(*a)))
             for name, kernel, reference in cases:
                 if not _same(kernel(), reference()):
                     failures.append(f"kernel {name}: nodes {n}, vocab {sizes.vocab}, {dtype}: differs from the reference")

@@ -1,7 +1,8 @@
 """Micro-benchmark: torch reference vs Triton kernel for tree verification and grafting.
 
 Trees of 8–128 nodes, vocabularies of 32k–152k. ``graft`` works out a graft's candidates onto a tree of half the
-nodes, the other half's slots retrieved from a table of every token's 8 successors (``drafters/adjacency.py``). On CPU only the references run (the Triton kernels need
+nodes, the other half's slots retrieved from a table of every token's 8 successors (``drafters/adjacency.py``);
+``graft append`` lays the kept ones out as the nodes the graft appends. On CPU only the references run (the Triton kernels need
 CUDA; the interpreter is a correctness tool, not a speed one); on CUDA both run, with the speedup.
 
     python benchmarks/verify_kernels.py [--nodes 8 32 128] [--vocab 32000 152064] [--reps 5]
@@ -84,6 +85,8 @@ def cases(n: int, vocab: int, device: torch.device, dtype: torch.dtype):
     keep = torch.arange(KV["seq"] - n, KV["seq"], 4, device=device)
     start = KV["seq"] - n
     graft = graft_inputs(n, vocab, device)
+    *candidates, count = adjacency.graft_candidates(*graft)  # tokens, node, scores, kept
+    appended = (*candidates, graft[4], int(count))
     kernels = None
     if triton_status(device)[0] and device.type == "cuda":
         from treegraft_cli.kernels import graft_candidates, greedy, kv_commit, sampling, tree_buffers
@@ -95,6 +98,7 @@ def cases(n: int, vocab: int, device: torch.device, dtype: torch.dtype):
                for name, filters in SAMPLING.items()},
             "kv_commit": lambda: kv_commit.gather_rows(kv, keep, start),
             "graft": lambda: graft_candidates.graft_candidates(*graft),
+            "graft append": lambda: graft_candidates.appended_nodes(*appended),
         }
     references = {
         "tree_buffers": lambda: verify.tree_buffers(parents),
@@ -103,6 +107,7 @@ def cases(n: int, vocab: int, device: torch.device, dtype: torch.dtype):
            for name, filters in SAMPLING.items()},
         "kv_commit": lambda: lm.gather_rows(kv, keep, start),
         "graft": lambda: adjacency.graft_candidates(*graft),
+        "graft append": lambda: adjacency.appended_nodes(*appended),
     }
     for name, reference in references.items():
         yield name, reference, (kernels or {}).get(name)
@@ -123,7 +128,7 @@ def main() -> None:
     for vocab in args.vocab:
         for n in args.nodes:
             for name, reference, kernel in cases(n, vocab, device, dtype):
-                if name in ("tree_buffers", "kv_commit", "graft") and vocab != args.vocab[0]:
+                if name in ("tree_buffers", "kv_commit", "graft", "graft append") and vocab != args.vocab[0]:
                     continue  # independent of the vocabulary: one row per tree size
                 ref_ms = measure(reference)
                 row = f"{name:<13}{n:>6}{vocab:>8}{ref_ms:>11.3f}"

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(not triton_installed(), reason="triton is not in
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ("_tree_buffers_kernel", "_argmax_kernel", "_sample_kernel", "_accept_kernel", "_gather_rows_kernel",
-           "_graft_candidates_kernel")
+           "_graft_candidates_kernel", "_appended_nodes_kernel")
 
 
 def _compiled_python(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:

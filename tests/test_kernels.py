@@ -183,7 +183,7 @@ def test_kv_commit_on_a_block_cache_equals_the_reference(tiny_pair):
 )
 def test_graft_candidates(vocab, k, layers, written, budget, slots, depth_known, seed):
     """Tokens, resolved nodes, scores (merges raised), kept and count equal the reference's exactly, with unwritten
-    rows, and with the tree's depth known or not."""
+    rows, and with the tree's depth known or not; so do the appended nodes laid out from them."""
     generator = torch.Generator().manual_seed(seed)
     tree, table = random_graft_case(generator, vocab, k, layers, written)
     template = build_template(scale_counts(BASE_TEMPLATE, max(1, min(slots, budget)), table.k), budget, table.k)
@@ -191,5 +191,10 @@ def test_graft_candidates(vocab, k, layers, written, budget, slots, depth_known,
     inputs = (table._successors, tree.tokens, tree.parents, tree.scores, template, slots, tree_depth)
     got, want = graft_candidates.graft_candidates(*inputs), adjacency.graft_candidates(*inputs)
     for name, g, w in zip(("tokens", "node", "scores", "kept", "count"), got, want, strict=True):
+        assert g.dtype == w.dtype and torch.equal(g, w), name
+    tokens, node, scores, kept, count = want
+    laid_out = (tokens, node, scores, kept, template, int(count))
+    got, want = graft_candidates.appended_nodes(*laid_out), adjacency.appended_nodes(*laid_out)
+    for name, g, w in zip(("parents", "tokens", "scores", "depths", "inside"), got, want, strict=True):
         assert g.dtype == w.dtype and torch.equal(g, w), name
 

@@ -42,8 +42,9 @@ class VerifyBackend:
     def commit(self, lm: CausalLM, keep_positions: torch.Tensor, start: int) -> None:  # [m]
         lm.commit(keep_positions, start)
 
-    # (successors, tree tokens, tree parents, tree scores, template, slots, tree depth): an ``AdjacencyTable``'s graft
+    # an ``AdjacencyTable``'s graft: its candidates, then (the count read) the nodes it appends
     graft_candidates: adjacency.GraftCandidates = staticmethod(adjacency.graft_candidates)
+    appended_nodes: adjacency.AppendedNodes = staticmethod(adjacency.appended_nodes)
 
 
 class TritonBackend(VerifyBackend):
@@ -63,8 +64,10 @@ class TritonBackend(VerifyBackend):
         self._greedy, self._argmax = greedy.verify_greedy, greedy.argmax_choices
         self._sampling = load("treegraft_cli.kernels.sampling").verify_sampling
         self._gather_rows = load("treegraft_cli.kernels.kv_commit").gather_rows
-        # one launch instead of a few per template depth: on a GPU their host time outweighs the work
-        self.graft_candidates = load("treegraft_cli.kernels.graft_candidates").graft_candidates
+        # one launch each instead of a few per template depth, and a sort and gathers: on a GPU their host time
+        # outweighs the work
+        graft = load("treegraft_cli.kernels.graft_candidates")
+        self.graft_candidates, self.appended_nodes = graft.graft_candidates, graft.appended_nodes
 
     def tree_buffers(self, parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [batch, nodes]
         return self._tree_buffers(parents)

@@ -26,6 +26,8 @@ from .rank_template import RankTemplate
 
 # (successors, tree tokens, tree parents, tree scores, template, slots, tree depth) -> tokens, node, scores, kept, count
 GraftCandidates = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
+# (tokens, node, scores, kept, template, count) -> parents, tokens, scores, depths, inside
+AppendedNodes = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -42,12 +44,20 @@ class PendingGraft:
 
 
 class AdjacencyTable:
-    def __init__(self, k: int, device: torch.device | str | None = None, candidates: GraftCandidates | None = None):
+    def __init__(
+        self,
+        k: int,
+        device: torch.device | str | None = None,
+        candidates: GraftCandidates | None = None,
+        appended: AppendedNodes | None = None,
+    ):
         """``device``: where trees are grafted (the table lives there; written rows move to it). None: where
-        the first logits written are. ``candidates``: how a graft's candidates are worked out, ``graft_candidates``
-        (the default) or its kernel (``VerifyBackend.graft_candidates`` picks)."""
+        the first logits written are. ``candidates`` and ``appended``: how a graft's candidates are worked out and
+        its new nodes laid out, ``graft_candidates`` and ``appended_nodes`` (the defaults) or their kernels (as a
+        ``VerifyBackend`` picks)."""
         self.k = k
         self.candidates = candidates or graft_candidates
+        self.appended = appended or appended_nodes
         self.device = None if device is None else torch.device(device)
         # [vocab + 2, k], allocated at the first write: the table, a scratch row (vocab) that takes the writes a later
         # one overrides, and a sentinel token's (vocab + 1) row of sentinels. Every unwritten row holds sentinels, so
@@ -172,27 +182,19 @@ class AdjacencyTable:
         )
         return PendingGraft(tree, template, tokens, node, scores, kept, count)
 
-    @staticmethod
-    def finish(pending: PendingGraft, count: int) -> DraftTree:
+    def finish(self, pending: PendingGraft, count: int) -> DraftTree:
         """Grow ``pending.tree`` by the ``count`` kept candidates (``pending.count`` read) and its merges' scores."""
-        tree, template = pending.tree, pending.template
-        n, size, device = tree.num_nodes, template.size, tree.device
+        tree = pending.tree
+        n = tree.num_nodes
         if n > 1:
             tree.scores = pending.scores[:n]
         if count == 0:
             return tree
-        by_depth = torch.sort(torch.where(pending.kept, template.fresh_depths(device), size + 1), stable=True)
-        order, depths = by_depth.indices[:count], by_depth.values[:count]  # the kept candidates, in depth order
-        final = torch.arange(n + size, device=device)  # resolved node → index in the grown tree
-        final[n:].index_copy_(0, order, torch.arange(n, n + count, device=device))
+        parents, tokens, scores, depths, inside = self.appended(
+            pending.tokens, pending.node, pending.scores, pending.kept, pending.template, count
+        )
         tree._reserve(count)
-        # a kept candidate's ancestors are merged (existing nodes) or kept: earlier in priority order, they are new
-        # and valid whenever it is
-        inside = template.ancestry_on(device).index_select(0, order).index_select(1, order)  # [count, count]
-        # gathers by index_select on offset views: cheaper on the host than indexing with a tensor, or offsetting one
-        parents = final.index_select(0, pending.node.index_select(0, template.parent_slots_on(device).index_select(0, order)))
-        tree._write(n, parents, pending.tokens[1:].index_select(0, order), pending.scores[n:].index_select(0, order),
-                    ORIGIN_ADJACENCY, depth=depths, inside=inside)
+        tree._write(n, parents, tokens, scores, ORIGIN_ADJACENCY, depth=depths, inside=inside)
         return tree
 
 
@@ -232,6 +234,31 @@ def graft_candidates(
     is_new = ((tokens != invalid) & (node >= n))[1:]  # [size] valid new candidates, in priority order
     kept = is_new & (torch.cumsum(is_new, 0) <= slots)
     return tokens, node, scores, kept, kept.sum(dtype=torch.float32)
+
+
+def appended_nodes(
+    tokens: torch.Tensor,  # [S + 1] each candidate's token, slot 0 the root
+    node: torch.Tensor,  # [S + 1] the node each candidate resolves to
+    scores: torch.Tensor,  # [n + S] by resolved node
+    kept: torch.Tensor,  # [S] bool
+    template: RankTemplate,
+    count: int,  # kept candidates (``kept``'s sum, read)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kept candidates as the nodes a graft appends to a tree of ``n`` nodes, by depth, then priority (so
+    parents come first): ``(parents [count], tokens [count], scores [count], depths [count], inside [count, count])``,
+    ``inside`` their ancestry among themselves (uint8, self included). A kept candidate's ancestors are merged
+    (existing nodes) or kept: earlier in priority order, they are new and valid whenever it is. The torch reference
+    of ``kernels.graft_candidates.appended_nodes``."""
+    size = template.size
+    n, device = scores.shape[0] - size, scores.device
+    by_depth = torch.sort(torch.where(kept, template.fresh_depths(device), size + 1), stable=True)
+    order, depths = by_depth.indices[:count], by_depth.values[:count]  # the kept candidates, in depth order
+    final = torch.arange(n + size, device=device)  # resolved node → index in the grown tree
+    final[n:].index_copy_(0, order, torch.arange(n, n + count, device=device))
+    inside = template.ancestry_on(device).index_select(0, order).index_select(1, order)  # [count, count]
+    # gathers by index_select on offset views: cheaper on the host than indexing with a tensor, or offsetting one
+    parents = final.index_select(0, node.index_select(0, template.parent_slots_on(device).index_select(0, order)))
+    return parents, tokens[1:].index_select(0, order), scores[n:].index_select(0, order), depths, inside
 
 
 def _resolve(

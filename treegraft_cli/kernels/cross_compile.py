@@ -194,7 +194,9 @@ def launch_every_kernel(sizes: LaunchSizes = LaunchSizes()) -> None:
     for n in sizes.nodes:  # the largest tiles: a tree of the whole budget, a template of as many candidates
         template = build_template(scale_counts(BASE_TEMPLATE, n // 2, table_k), n, table_k)
         tree = torch.zeros(n, dtype=torch.long)
-        graft_candidates.graft_candidates(successors, tree, tree, torch.zeros(n), template, n // 2, 4)
+        tokens, node, scores, kept, _ = graft_candidates.graft_candidates(successors, tree, tree, torch.zeros(n), template,
+                                                                         n // 2, 4)
+        graft_candidates.appended_nodes(tokens, node, scores, kept, template, n // 2)
     for n in sizes.nodes:
         parents = torch.arange(-1, n - 1)[None]  # a chain: any tree has these argument types
         tokens = torch.zeros(1, n, dtype=torch.long)

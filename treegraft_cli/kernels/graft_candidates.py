@@ -1,5 +1,5 @@
 """Graft candidates: a rank template grown from a tree's root through the adjacency table, resolved against the
-tree's nodes, in one program.
+tree's nodes, in one program; and the kept ones laid out as the nodes the graft appends, in another.
 
 The reference (``drafters.adjacency.graft_candidates``) runs a handful of gathers, compares and scatters per
 depth; on a GPU each is a launch, and their host time outweighs the work (about a millisecond a step at 16
@@ -7,6 +7,9 @@ nodes on an H200). Here one program holds every candidate and every tree node in
 depths: a candidate reads its parent's token, node and score through a one-hot match over the candidates (or
 the tree's nodes, for a merged parent), looks up its token in the table, and merges into the existing child
 with that token. Scores are the same float32 sums as the reference's, so the outputs are equal exactly.
+Once the count of kept candidates is read, ``appended_nodes`` places each kept one at its rank by (depth,
+priority) and writes its parent's index in the grown tree and the ancestry among the new nodes, where the
+reference (``drafters.adjacency.appended_nodes``) sorts and gathers.
 """
 
 from __future__ import annotations
@@ -123,3 +126,71 @@ def graft_candidates(
         BLOCK_S=block_s, BLOCK_N=block_n, num_warps=max(4, min(16, block_s * max(block_s, block_n) // 1024)),
     )
     return tokens, node, scores, kept, count
+
+
+@triton.jit
+def _appended_nodes_kernel(
+    tokens_ptr,  # [S + 1] int64, slot 0 the root
+    node_ptr,  # [S + 1] int64
+    scores_ptr,  # [n + S] float32
+    kept_ptr,  # [S] bool
+    parent_slots_ptr,  # [S] int64
+    depths_ptr,  # [S] int64
+    ancestry_ptr,  # [S, S] uint8
+    parents_out_ptr,  # [count] int64 out
+    tokens_out_ptr,  # [count] int64 out
+    scores_out_ptr,  # [count] float32 out
+    depths_out_ptr,  # [count] int64 out
+    inside_ptr,  # [count, count] uint8 out
+    n,
+    size,
+    count,
+    BLOCK_S: tl.constexpr,
+):
+    candidates = tl.arange(0, BLOCK_S)
+    in_template = candidates < size
+    kept = tl.load(kept_ptr + candidates, mask=in_template, other=0) != 0
+    depths = tl.load(depths_ptr + candidates, mask=in_template, other=0).to(tl.int32)
+    # each kept candidate's place: the kept ones shallower, or as deep and earlier in priority order
+    before = (depths[None, :] < depths[:, None]) | ((depths[None, :] == depths[:, None]) & (candidates[None, :] < candidates[:, None]))
+    place = tl.sum((before & kept[None, :]).to(tl.int32), axis=1)
+    parent_slot = tl.load(parent_slots_ptr + candidates, mask=in_template, other=0)
+    parent_node = tl.load(node_ptr + parent_slot, mask=in_template, other=0)
+    # a parent that is no existing node is a kept candidate (the one in the parent slot): its place, after the tree
+    parent_is = (parent_slot[:, None] - 1) == candidates[None, :]
+    parent_place = tl.max(tl.where(parent_is, place[None, :], -1), axis=1)
+    parents = tl.where(parent_node < n, parent_node, n + parent_place.to(tl.int64))
+    tl.store(parents_out_ptr + place, parents, mask=kept)
+    tl.store(tokens_out_ptr + place, tl.load(tokens_ptr + 1 + candidates, mask=kept, other=0), mask=kept)
+    tl.store(scores_out_ptr + place, tl.load(scores_ptr + n + candidates, mask=kept, other=0.0), mask=kept)
+    tl.store(depths_out_ptr + place, depths.to(tl.int64), mask=kept)
+    pair = kept[:, None] & kept[None, :]
+    ancestry = tl.load(ancestry_ptr + candidates[:, None] * size + candidates[None, :], mask=pair, other=0)
+    tl.store(inside_ptr + place[:, None] * count + place[None, :], ancestry, mask=pair)
+
+
+def appended_nodes(
+    tokens: torch.Tensor,  # [S + 1]
+    node: torch.Tensor,  # [S + 1]
+    scores: torch.Tensor,  # [n + S] float32
+    kept: torch.Tensor,  # [S] bool
+    template: RankTemplate,
+    count: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``drafters.adjacency.appended_nodes`` in one launch: ``(parents, tokens, scores, depths)``, each
+    ``[count]``, and ``inside [count, count]``."""
+    size, device = template.size, tokens.device
+    n = scores.shape[0] - size
+    parents = torch.empty(count, dtype=torch.long, device=device)
+    new_tokens = torch.empty(count, dtype=torch.long, device=device)
+    new_scores = torch.empty(count, dtype=torch.float32, device=device)
+    depths = torch.empty(count, dtype=torch.long, device=device)
+    inside = torch.empty(count, count, dtype=torch.uint8, device=device)
+    parent_slots, _, _, template_depths = template.kernel_columns(device)
+    block_s = triton.next_power_of_2(size)
+    _appended_nodes_kernel[(1,)](
+        tokens, node, scores, kept, parent_slots, template_depths, template.ancestry_on(device),
+        parents, new_tokens, new_scores, depths, inside, n, size, count,
+        BLOCK_S=block_s, num_warps=max(4, min(16, block_s * block_s // 1024)),
+    )
+    return parents, new_tokens, new_scores, depths, inside

@@ -108,6 +108,12 @@ class GraftConfig:
         _check(self.table_k >= 1, f"table_k {self.table_k} < 1", "use --option table_k=8")
 
 
+def adjacency_table(k: int, device: torch.device, kernels: str) -> AdjacencyTable:
+    """An empty table on ``device`` that grafts with the ``--kernels`` backend's functions."""
+    backend = select_backend(kernels, device)
+    return AdjacencyTable(k, device, backend.graft_candidates, backend.appended_nodes)
+
+
 @register
 class AdjacencyMethod(Method):
     """Retrieval only: the budget-N rank template materialised from the root through the table."""
@@ -123,7 +129,7 @@ class AdjacencyMethod(Method):
         counts = self.options.template or scale_counts(self.options.base_template, budget, k)
         device = models.target.device
         self.template = build_template(counts, budget, k, device)
-        self.table = AdjacencyTable(k, device, select_backend(config.kernels, device).graft_candidates)
+        self.table = adjacency_table(k, device, config.kernels)
         self.roots = RootTrees()
 
     def reset_table(self) -> None:
@@ -173,7 +179,7 @@ class GraftMethod(DenseMethod):
     def __init__(self, models: Models, config: DecodeConfig):
         super().__init__(models, config)
         device = models.drafter.device  # grafted onto the drafter's trees
-        self.table = AdjacencyTable(self.options.table_k, device, select_backend(config.kernels, device).graft_candidates)
+        self.table = adjacency_table(self.options.table_k, device, config.kernels)
         self.stages = self._stages(models.drafter.device)
         self.fired: int | None = None  # the stage that fired in the last step
         self.deferred: tuple[list[int], torch.Tensor] | None = None  # stages judged after the step, their log c_d
