@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ..drafters.rank_template import RankTemplate
+from ..lm import on_device
 
 
 @triton.jit
@@ -120,11 +121,12 @@ def graft_candidates(
     count = torch.empty((), dtype=torch.float32, device=device)
     columns = template.kernel_columns(device)
     block_s, block_n = triton.next_power_of_2(size), triton.next_power_of_2(n)  # warps grow with the [S, S] tiles
-    _graft_candidates_kernel[(1,)](
-        successors, tree_tokens, tree_parents, tree_scores, *columns, tokens, node, scores, kept, count,
-        n, size, successors.shape[1], successors.shape[0] - 1, len(template.levels), tree_depth, slots,
-        BLOCK_S=block_s, BLOCK_N=block_n, num_warps=max(4, min(16, block_s * max(block_s, block_n) // 1024)),
-    )
+    with on_device(device):  # the drafter's GPU, which need not be the current one
+        _graft_candidates_kernel[(1,)](
+            successors, tree_tokens, tree_parents, tree_scores, *columns, tokens, node, scores, kept, count,
+            n, size, successors.shape[1], successors.shape[0] - 1, len(template.levels), tree_depth, slots,
+            BLOCK_S=block_s, BLOCK_N=block_n, num_warps=max(4, min(16, block_s * max(block_s, block_n) // 1024)),
+        )
     return tokens, node, scores, kept, count
 
 
@@ -188,9 +190,10 @@ def appended_nodes(
     inside = torch.empty(count, count, dtype=torch.uint8, device=device)
     parent_slots, _, _, template_depths = template.kernel_columns(device)
     block_s = triton.next_power_of_2(size)
-    _appended_nodes_kernel[(1,)](
-        tokens, node, scores, kept, parent_slots, template_depths, template.ancestry_on(device),
-        parents, new_tokens, new_scores, depths, inside, n, size, count,
-        BLOCK_S=block_s, num_warps=max(4, min(16, block_s * block_s // 1024)),
-    )
+    with on_device(device):
+        _appended_nodes_kernel[(1,)](
+            tokens, node, scores, kept, parent_slots, template_depths, template.ancestry_on(device),
+            parents, new_tokens, new_scores, depths, inside, n, size, count,
+            BLOCK_S=block_s, num_warps=max(4, min(16, block_s * block_s // 1024)),
+        )
     return parents, new_tokens, new_scores, depths, inside
