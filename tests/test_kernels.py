@@ -198,3 +198,39 @@ def test_graft_candidates(vocab, k, layers, written, budget, slots, depth_known,
     for name, g, w in zip(("parents", "tokens", "scores", "depths", "inside"), got, want, strict=True):
         assert g.dtype == w.dtype and torch.equal(g, w), name
 
+
+
+def test_every_launch_is_made_current_on_its_tensors_device(monkeypatch):
+    """Triton launches on the current GPU; a target spread over GPUs (or a drafter on another) holds logits, caches
+    and trees elsewhere, so every launcher makes its tensors' device current first (``lm.on_device``). A double
+    records the device each launch asked for."""
+    from contextlib import contextmanager
+
+    asked: list[tuple[str, torch.device]] = []
+
+    def recorder(name: str):
+        @contextmanager
+        def record(device):
+            asked.append((name, torch.device(device)))
+            yield
+
+        return record
+
+    for module in (graft_candidates, greedy, kv_commit, sampling, tree_buffers, walk):
+        monkeypatch.setattr(module, "on_device", recorder(module.__name__.rsplit(".", 1)[1]))
+    generator = torch.Generator().manual_seed(0)
+    parents = random_parents(generator, 1, 6)
+    logits = torch.randn(1, 6, 64, generator=generator)
+    tokens = tokens_against(generator, parents, verify.argmax_choices(logits), 64)
+    tree_buffers.tree_buffers(parents)
+    greedy.verify_greedy(logits, tokens, parents)  # the argmax, then the walk
+    sampling.verify_sampling(logits, tokens, parents, torch.rand(1, 6, generator=generator), 0.8)
+    kv_commit.gather_rows([torch.randn(1, 2, 8, 4) for _ in range(2)], torch.tensor([4, 6]), 4)
+    tree, table = random_graft_case(generator, 16, 4, 2, 16)
+    template = build_template(scale_counts(BASE_TEMPLATE, 4, table.k), 8, table.k)
+    *candidates, count = graft_candidates.graft_candidates(table._successors, tree.tokens, tree.parents, tree.scores,
+                                                           template, 4, tree.max_depth)
+    graft_candidates.appended_nodes(*candidates, template, int(count))
+    cpu = torch.device("cpu")
+    assert asked == [("tree_buffers", cpu), ("greedy", cpu), ("walk", cpu), ("sampling", cpu), ("walk", cpu),
+                     ("kv_commit", cpu), ("graft_candidates", cpu), ("graft_candidates", cpu)]

@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..lm import on_device
 from ..verify import Verdict
 from ._launch import vocab_tiling
 from .walk import accept
@@ -52,7 +53,8 @@ def argmax_choices(
     choices = torch.empty(batch, n, dtype=torch.long, device=logits.device)
     rows_per_program, block_v = vocab_tiling(batch * n, vocab)
     grid = (triton.cdiv(batch * n, rows_per_program),)
-    _argmax_kernel[grid](logits, choices, batch * n, vocab, ROWS=rows_per_program, BLOCK_V=block_v)
+    with on_device(logits.device):  # triton launches on the current GPU, which need not hold the logits
+        _argmax_kernel[grid](logits, choices, batch * n, vocab, ROWS=rows_per_program, BLOCK_V=block_v)
     return choices
 
 

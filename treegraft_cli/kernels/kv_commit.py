@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from ..lm import gather_rows as gather_rows_reference
+from ..lm import on_device
 
 WORDS = {1: tl.int8, 2: tl.int16, 4: tl.int32, 8: tl.int64}
 BLOCK_ROWS = 16
@@ -81,17 +82,18 @@ def gather_rows(
     # Uploaded without blocking: a blocking upload from pageable memory waits for the stream (a synchronisation per
     # commit); a non-blocking one is staged before the call returns, so the host list may go
     pointers = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64).to(first.device, non_blocking=True)
-    _gather_rows_kernel[(len(tensors), batch * heads)](
-        pointers,
-        keep_positions.contiguous().long(),
-        m,
-        start,
-        heads,
-        first.stride(0),
-        first.stride(1),
-        first.stride(2),
-        head_dim,
-        WORD=WORDS[first.element_size()],
-        BLOCK_ROWS=BLOCK_ROWS,
-        BLOCK_D=triton.next_power_of_2(head_dim),
-    )
+    with on_device(first.device):
+        _gather_rows_kernel[(len(tensors), batch * heads)](
+            pointers,
+            keep_positions.contiguous().long(),
+            m,
+            start,
+            heads,
+            first.stride(0),
+            first.stride(1),
+            first.stride(2),
+            head_dim,
+            WORD=WORDS[first.element_size()],
+            BLOCK_ROWS=BLOCK_ROWS,
+            BLOCK_D=triton.next_power_of_2(head_dim),
+        )

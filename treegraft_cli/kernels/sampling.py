@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..lm import on_device
 from ..verify import Verdict
 from ._launch import vocab_tiling
 from .walk import accept
@@ -141,20 +142,21 @@ def sample_choices(
     rows = batch * n
     choices = torch.empty(batch, n, dtype=torch.long, device=logits.device)
     rows_per_program, block_v = vocab_tiling(rows, vocab)
-    _sample_kernel[(triton.cdiv(rows, rows_per_program),)](
-        logits.contiguous(),
-        uniforms.contiguous().float(),
-        choices,
-        rows,
-        vocab,
-        float(temperature),
-        int(top_k),
-        float(top_p),
-        TOP_K=0 < top_k < vocab,
-        TOP_P=top_p < 1.0,
-        ROWS=rows_per_program,
-        BLOCK_V=block_v,
-    )
+    with on_device(logits.device):
+        _sample_kernel[(triton.cdiv(rows, rows_per_program),)](
+            logits.contiguous(),
+            uniforms.contiguous().float(),
+            choices,
+            rows,
+            vocab,
+            float(temperature),
+            int(top_k),
+            float(top_p),
+            TOP_K=0 < top_k < vocab,
+            TOP_P=top_p < 1.0,
+            ROWS=rows_per_program,
+            BLOCK_V=block_v,
+        )
     return choices
 
 

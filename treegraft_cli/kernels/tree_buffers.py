@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..lm import on_device
+
 BLOCK_ROWS = 16  # rows climbed together; the mask tile is [BLOCK_ROWS, BLOCK_N]
 
 
@@ -57,5 +59,6 @@ def tree_buffers(
     mask = torch.empty(batch, n, n, dtype=torch.bool, device=parents.device)
     depths = torch.empty(batch, n, dtype=torch.long, device=parents.device)
     block_n = triton.next_power_of_2(n)
-    _tree_buffers_kernel[(batch,)](parents, mask, depths, n, BLOCK_ROWS=min(BLOCK_ROWS, block_n), BLOCK_N=block_n)
+    with on_device(parents.device):
+        _tree_buffers_kernel[(batch,)](parents, mask, depths, n, BLOCK_ROWS=min(BLOCK_ROWS, block_n), BLOCK_N=block_n)
     return mask, depths

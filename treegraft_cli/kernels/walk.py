@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..lm import on_device
 from ..verify import Verdict
 from ._launch import sequences_per_program
 
@@ -88,16 +89,17 @@ def accept(
     bonus = torch.empty(batch, dtype=torch.long, device=device)
     block_n = triton.next_power_of_2(n)
     seqs = sequences_per_program(batch, block_n)
-    _accept_kernel[(triton.cdiv(batch, seqs),)](
-        tokens.contiguous().long(),
-        parents.contiguous().long(),
-        choices.contiguous().long(),
-        path,
-        num_accepted,
-        bonus,
-        batch,
-        n,
-        SEQS=seqs,
-        BLOCK_N=block_n,
-    )
+    with on_device(device):
+        _accept_kernel[(triton.cdiv(batch, seqs),)](
+            tokens.contiguous().long(),
+            parents.contiguous().long(),
+            choices.contiguous().long(),
+            path,
+            num_accepted,
+            bonus,
+            batch,
+            n,
+            SEQS=seqs,
+            BLOCK_N=block_n,
+        )
     return Verdict(path=path, num_accepted=num_accepted, bonus=bonus)
