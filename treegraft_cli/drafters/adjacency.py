@@ -214,7 +214,7 @@ def graft_candidates(
     node with that token (the lowest index when several match), else to the new node ``n + candidate index``. Its
     score is its parent node's score plus its log prior (float32); a merge raises the existing node's score to the
     higher of the two, before the depth below reads it. ``kept``: the valid new candidates, in priority order, up
-    to ``slots``. The torch reference of ``kernels.graft_candidates``.
+    to ``slots``. The torch reference of ``kernels.graft_candidates.graft_candidates``.
     """
     n, device, size = tree_tokens.shape[0], tree_tokens.device, template.size
     invalid = successors.shape[0] - 1  # the sentinel token: some row on the way was never written
