@@ -12,8 +12,10 @@
 #      static and cudagraphs on a Qwen3-8B-shaped target; every mode must give the same tokens);
 #   5. tree steps on the block KV cache against transformers' DynamicCache on a 36-layer Qwen3-8B-shaped target
 #      after 2k and 16k tokens of context (benchmarks/kv_cache.py; logits compared).
-# Usage: benchmarks/gpu_check.sh [--device cuda|cpu] [--small]
+# Usage: benchmarks/gpu_check.sh [--device cuda|cpu] [--small] [--profile]
 #   --device cpu --small is the smoke run that works anywhere (kernels interpreted, tiny shapes).
+#   --profile adds, after step 3, where the host time of the costliest methods goes (benchmarks/host_profile.py; about
+#   20 s more, so the whole run may pass 8 minutes).
 #   PYTHON=/path/to/python picks the interpreter (default: python), e.g. a venv's that holds torch.
 # Exits non-zero when a check fails.
 set -uo pipefail
@@ -21,12 +23,14 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 DEVICE=cuda
 SMALL=""
+PROFILE=""
 PYTHON="${PYTHON:-python}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) DEVICE="$2"; shift 2 ;;
     --small) SMALL="--small"; shift ;;
-    *) echo "usage: $0 [--device cuda|cpu] [--small]" >&2; exit 2 ;;
+    --profile) PROFILE=1; shift ;;
+    *) echo "usage: $0 [--device cuda|cpu] [--small] [--profile]" >&2; exit 2 ;;
   esac
 done
 if [ "$DEVICE" = "cpu" ]; then
@@ -60,6 +64,12 @@ OMP_NUM_THREADS=1 "$PYTHON" benchmarks/host_overhead.py --device "$DEVICE" --rep
 if [ "$DEVICE" = "cuda" ]; then  # the same with the forwards replayed from CUDA graphs: what is left is host work
   OMP_NUM_THREADS=1 "$PYTHON" benchmarks/host_overhead.py --device cuda --compile cudagraphs --repeats $REPEATS \
     --max-new-tokens $NEW || status=1
+fi
+if [ -n "$PROFILE" ]; then
+  if [ "$DEVICE" = "cuda" ]; then MODE="cudagraphs"; else MODE="off"; fi
+  step "3b. where the host time goes, per function (--compile $MODE)"
+  OMP_NUM_THREADS=1 "$PYTHON" benchmarks/host_profile.py --device "$DEVICE" --compile "$MODE" --passes 1 --top 12 \
+    --methods graft all-mid dense --max-new-tokens $NEW || status=1
 fi
 
 step "4. CUDA-graph speedup of the verify and drafter forwards"
