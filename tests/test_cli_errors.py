@@ -68,6 +68,26 @@ def test_tokenizer_mismatch_is_refused(tmp_path, capsys, monkeypatch, tiny_pair)
     assert_clean_failure(code, err, "tokenizer mismatch")
 
 
+def test_a_directory_without_weights_names_random_weights(tmp_path, capsys, monkeypatch):
+    """A config and a tokenizer alone cannot generate; the error says what can be done with them. With
+    ``random_weights`` the loader builds the model the config describes."""
+    from transformers import LlamaConfig
+
+    from treegraft_cli.models.load import load_pair
+    from treegraft_cli.models.tiny import byte_level_tokenizer
+
+    tokenizer = byte_level_tokenizer()
+    LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2,
+                num_key_value_heads=1).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    code, _, err = run_cli(["generate", "--pair", str(tmp_path), "--method", "ar", "-p", "hi", "-n", "2"], capsys, monkeypatch)
+    assert_clean_failure(code, err, "no weights", "--random-weights")
+    _, target = load_pair(str(tmp_path), "fp32", "cpu", random_weights=True)
+    assert target.model.config.num_hidden_layers == 3 and target.model.config.hidden_size == 32
+    with pytest.raises(ModelError, match="one device"):
+        load_pair(str(tmp_path), "fp32", "auto", random_weights=True)
+
+
 def fake_wheel(directory: Path, name: str, payload: bytes) -> Path:
     path = directory / f"{name}-1.0-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as wheel:

@@ -85,6 +85,27 @@ def test_profile_writes_sane_costs(cost_file):
     assert costs.verify_ms > 0 and costs.strong_ms > 0
 
 
+def test_profile_times_a_pairs_shapes_with_random_weights(tmp_path):
+    """A directory with a config and a tokenizer but no weights: ``--random-weights`` builds the model it describes
+    and times it, and the profile says where its times come from."""
+    from transformers import LlamaConfig
+
+    from treegraft_cli.models.tiny import byte_level_tokenizer
+
+    model = tmp_path / "shapes-only"
+    tokenizer = byte_level_tokenizer()
+    LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2,
+                num_key_value_heads=1).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    out = tmp_path / "costs.yaml"
+    line = invoke(["profile", "--pair", f"{model}:{model}", "--dtype", "fp32", "--tokens", "1,4", "--contexts", "8,16",
+                   "--repeats", "1", "--warmup", "0", "--width", "3", "--random-weights", "--out", str(out)])
+    profile = load_cost_profile(out)
+    assert line["identity"] == profile.identity and profile.pair == f"{model}:{model}"
+    assert profile.versions["weights"] == "random (shapes only)"
+    assert all(math.isfinite(v) and v > 0 for row in (*profile.target_ms, *profile.drafter_ms) for v in row)
+
+
 def test_cost_surface_interpolates_and_extrapolates():
     profile = CostProfile(pair="p", device="cpu", dtype="fp32", tree_tokens=(1, 3), contexts=(10, 30),
                           target_ms=((1.0, 3.0), (2.0, 8.0)), drafter_ms=((0.5, 0.5), (0.5, 0.5)), host_ms={"ngram": 0.1})

@@ -37,12 +37,13 @@ class Pipeline:
     @classmethod
     def load(
         cls, pair: str, dtype: str = "bf16", device: str = "cpu", progress: Progress | None = None,
-        thinking: bool | None = None, linear: str = "default",
+        thinking: bool | None = None, linear: str = "default", random_weights: bool = False,
     ) -> Pipeline:
         """``linear``: ``packed`` gives every linear layer of both models a oneDNN-packed copy of its weight
-        (``models/packed_linear.py``; CPU, fp32 or bf16); ``auto``: packed where that pays (``resolve_linear``)."""
+        (``models/packed_linear.py``; CPU, fp32 or bf16); ``auto``: packed where that pays (``resolve_linear``).
+        ``random_weights``: models built from their configs, weights random (``load_pair``)."""
         linear = resolve_linear(linear, dtype, device)
-        drafter, target = load_pair(pair, dtype, device, progress)
+        drafter, target = load_pair(pair, dtype, device, progress, random_weights)
         if linear == "packed":
             for loaded in (target, drafter):
                 if loaded is not None:

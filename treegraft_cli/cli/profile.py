@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -37,6 +38,10 @@ def profile(
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs before each point's repeats.")] = 1,
     width: Annotated[int, typer.Option("--width", "-K", help="K: n-gram continuations per parent, adjacency k.")] = 10,
     linear: Linear = None,
+    random_weights: Annotated[bool, typer.Option(
+        "--random-weights",
+        help="Build each model from its config with random weights (no weights read): a forward's cost depends on the "
+             "shapes, so a pair can be timed where its weights are not.")] = False,
 ) -> None:
     """Time the target's verify forward and the drafter's tree forward against tree tokens and context length."""
     run = resolve_run(pair, None, dtype, device, None, None, None, None, None, linear=linear)
@@ -47,10 +52,13 @@ def profile(
     path = out or Path("runs/profile") / f"{_slug(run.pair)}-{run.device}-{run.dtype}{packed}.yaml"
     ensure_writable_dir(path.parent)
     with console.fetch_progress() as progress:
-        pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress, linear=run.linear)
+        pipeline = Pipeline.load(run.pair, run.dtype, run.device, progress, linear=run.linear,
+                                 random_weights=random_weights)
     drafter = pipeline.drafter.model if pipeline.drafter is not None else None
     with console.counter_progress() as update:
         measured = measure_profile(run.pair, run.dtype, pipeline.target.model, drafter, settings, update)
+    if random_weights:  # beside the library versions: whoever reads the profile sees where its times come from
+        measured = replace(measured, versions={**measured.versions, "weights": "random (shapes only)"})
     save_cost_profile(measured, path)
     plot = path.with_suffix(".png")
     plot_profile(measured, plot)

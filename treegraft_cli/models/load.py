@@ -1,4 +1,8 @@
-"""Load a target and a drafter: aliases, local directories, GGUF files, hub ids, layer-truncated self-drafters."""
+"""Load a target and a drafter: aliases, local directories, GGUF files, hub ids, layer-truncated self-drafters.
+
+With ``random_weights`` only a model's config and tokenizer are read and its weights are drawn at random: what
+``treegraft profile --random-weights`` times, since a forward's cost depends on the shapes, not the weights.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import ModelError
 from .eagle3 import load_eagle3_head
@@ -55,14 +59,17 @@ def load_model(
 
 
 def load_pair(
-    pair: str, dtype: str = "bf16", device: str = "cpu", progress: Progress | None = None
+    pair: str, dtype: str = "bf16", device: str = "cpu", progress: Progress | None = None, random_weights: bool = False
 ) -> tuple[LoadedModel | None, LoadedModel]:
     """``DRAFTER:TARGET`` → (drafter or None, target). A self-drafter shares the target's weights.
 
     Names, tokenizer families and then the tokenizers themselves are checked before any weights load,
-    so a pair that cannot work fails in seconds, not after a download and a model load.
+    so a pair that cannot work fails in seconds, not after a download and a model load. ``random_weights``: each
+    model is built from its config with random weights (no weights read).
     """
     parse_dtype(dtype)
+    if random_weights and device == "auto":
+        raise ModelError("--random-weights builds each model on one device", "use --device cuda or --device cpu")
     drafter_name, target_name = parse_pair(pair)
     target_ref = resolve(target_name)
     drafter_ref = resolve(drafter_name) if drafter_name else None
@@ -79,7 +86,7 @@ def load_pair(
         drafter_files = locate(drafter_ref, progress)
         drafter_tokenizer = load_tokenizer(drafter_files)
         check_same_tokenizer(drafter_name, drafter_tokenizer, target_name, target_tokenizer)
-    target = _load(target_ref, target_files, target_tokenizer, dtype, device)
+    target = _load(target_ref, target_files, target_tokenizer, dtype, device, random_weights)
     if drafter_ref is None:
         return None, target
     if drafter_ref.eagle3:
@@ -87,7 +94,7 @@ def load_pair(
         return LoadedModel(drafter_name, head, target.tokenizer), target
     if not own_drafter:
         return LoadedModel(drafter_name, truncate_layers(target.model, drafter_ref.truncate_layers), target.tokenizer), target
-    return _load(drafter_ref, drafter_files, drafter_tokenizer, dtype, device), target
+    return _load(drafter_ref, drafter_files, drafter_tokenizer, dtype, device, random_weights), target
 
 
 def _eagle3_directory(ref: ModelRef) -> Path:
@@ -198,11 +205,17 @@ def load_tokenizer(files: ModelFiles) -> PreTrainedTokenizerBase:
         raise _unloadable(files, error) from None
 
 
-def _load(ref: ModelRef, files: ModelFiles, tokenizer: PreTrainedTokenizerBase, dtype: str, device: str) -> LoadedModel:
-    """The weights of ``files`` with ``tokenizer``, truncated for ``NAME@layers=K``."""
+def _load(
+    ref: ModelRef, files: ModelFiles, tokenizer: PreTrainedTokenizerBase, dtype: str, device: str,
+    random_weights: bool = False,
+) -> LoadedModel:
+    """The weights of ``files`` with ``tokenizer`` (random ones from its config, with ``random_weights``), truncated
+    for ``NAME@layers=K``."""
     torch_dtype = parse_dtype(dtype)
     if files.tiny is not None:
         model = build_tiny_model(files.tiny, len(tokenizer), tokenizer.eos_token_id).to(device=device, dtype=torch_dtype)
+    elif random_weights:
+        model = _random_model(files, torch_dtype, device)
     else:
         model = _load_weights(files, torch_dtype, device)
     if ref.truncate_layers is not None:
@@ -221,6 +234,20 @@ def _load_weights(files: ModelFiles, dtype: torch.dtype, device: str) -> PreTrai
         raise _unloadable(files, error) from None
     if device_map is None:
         model = model.to(device)
+    return model.eval()
+
+
+def _random_model(files: ModelFiles, dtype: torch.dtype, device: str) -> PreTrainedModel:
+    """The model of ``files``' config, its weights initialised at random on ``device`` (only the config is read)."""
+    try:
+        if files.gguf is not None:
+            config = AutoConfig.from_pretrained(str(files.gguf.parent), gguf_file=files.gguf.name)
+        else:
+            config = AutoConfig.from_pretrained(files.pretrained)
+    except (OSError, ValueError) as error:
+        raise _unloadable(files, error) from None
+    with torch.device(device):  # initialised where it runs: a large model's random init is slow on a CPU
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model.eval()
 
 
@@ -261,6 +288,13 @@ def _unloadable(files: ModelFiles, error: Exception) -> ModelError:
     first = str(error).splitlines()[0] if str(error) else type(error).__name__
     if files.gguf is not None:
         return ModelError(f"could not load GGUF {files.gguf}: {first}", "check that the file is a complete GGUF of a causal LM")
+    directory = Path(files.pretrained)
+    if directory.is_dir() and (directory / "config.json").is_file():
+        return ModelError(
+            f"could not load {files.pretrained}: {first}",
+            "the directory holds a config but no weights: add them, or time its shapes with "
+            "treegraft profile --random-weights",
+        )
     return ModelError(
         f"could not load {files.pretrained}: {first}",
         "the hub is unreachable here: pass a local directory or .gguf file, or an offline alias (treegraft models list)",
