@@ -38,12 +38,13 @@ def own_time(stats: pstats.Stats) -> dict[str, float]:
 
     seconds: dict[str, float] = {}
     for func, (_, _, own, _, callers) in stats.stats.items():
-        if name(func) is not None:
-            seconds[name(func)] = seconds.get(name(func), 0.0) + own
-        elif func[0] == "~":  # a built-in: charged to the treegraft functions that called it
-            for caller, (_, _, caller_own, _) in callers.items():
-                if name(caller) is not None:
-                    seconds[name(caller)] = seconds.get(name(caller), 0.0) + caller_own
+        if func[0] == "~":  # a built-in: charged to the treegraft functions that called it
+            charged = [(name(caller), caller_own) for caller, (_, _, caller_own, _) in callers.items()]
+        else:
+            charged = [(name(func), own)]
+        for function, spent in charged:
+            if function is not None:
+                seconds[function] = seconds.get(function, 0.0) + spent
     return seconds
 
 

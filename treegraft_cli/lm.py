@@ -337,8 +337,7 @@ class CausalLM:
             for tensor in self._row_tensors():
                 by_device.setdefault(tensor.device, []).append(tensor)
             for device, tensors in by_device.items():
-                with on_device(device):
-                    (gather or gather_rows)(tensors, on_device_of(keep_positions, device), start)
+                (gather or gather_rows)(tensors, on_device_of(keep_positions, device), start)
         self.crop(start + m)
 
     def _row_tensors(self) -> list[torch.Tensor]:
