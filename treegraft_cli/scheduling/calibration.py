@@ -4,18 +4,11 @@ A node's *local probability* is exp(s(node) − s(parent)), capped at 1: its dra
 follows its parent (for an n-gram node, the target's log-prob where the n-gram matched). Read as the
 chance that the target accepts the node once its parent is accepted, it is off in both directions: a
 well-aligned small drafter's top child is right more often than its probability says, and a match's past
-log-prob overstates how often the text repeats. ``AcceptanceCalibration`` counts, per origin, per bin
-of local probability, and apart for nodes that *extend* their parent (a non-root parent of the same origin),
-how many nodes whose parent was accepted were accepted themselves (judged against the committed tokens, so
-nodes a trim kept out of verification count too), and maps a local probability to that measured rate. A prior
-of ``prior_weight`` pseudo-observations at the bin's own centre makes an unseen bin read as the score says.
-
-Extending nodes are counted apart because their rate given an accepted parent is not their first token's: once
-the target has followed an n-gram chain's first tokens the text is being copied, and the chain's later tokens
-are accepted far more often than their past log-probs say (``all-small`` on cnn_dm summaries: half the steps
-accept a node at depth 1, and nine in ten of the steps that reach a depth reach the next), while a drafter's first
-guess under the root and its guesses under its own earlier ones differ less but differ too. Pooled, the chain's deep tokens read at the
-first token's rate and a trim drops what the target would have accepted.
+log-prob overstates how often the text repeats. ``AcceptanceCalibration`` counts, per origin and per bin
+of local probability, how many nodes whose parent was accepted were accepted themselves (judged against the
+committed tokens, so nodes a trim kept out of verification count too), and maps a local probability to that
+measured rate. A prior of ``prior_weight`` pseudo-observations at the
+bin's own centre makes an unseen bin read as the score says.
 
 A node's *reach* is the product of the measured rates along its root path: the calibrated probability
 that verification accepts it. The expected accepted length of a tree is 1 + Σ reach.
@@ -50,9 +43,8 @@ class AcceptanceCalibration:
     def __init__(self, bins: int = 10, prior_weight: float = 2.0):
         self.bins = bins
         centres = [(b + 0.5) / bins for b in range(bins)]
-        # [origins][extends][bins]: ``extends`` 0 for a node under the root or under another origin's node, 1 else
-        self.seen = [[[prior_weight] * bins for _ in range(2)] for _ in ORIGIN_NAMES]
-        self.accepted = [[[c * prior_weight for c in centres] for _ in range(2)] for _ in ORIGIN_NAMES]
+        self.seen = [[prior_weight] * bins for _ in ORIGIN_NAMES]  # [origins][bins]
+        self.accepted = [[c * prior_weight for c in centres] for _ in ORIGIN_NAMES]  # [origins][bins]
 
     def observe(self, tree: DraftTree, committed: torch.Tensor) -> None:  # committed: [τ] the step's new tokens
         """Count every node of ``tree`` whose parent lies on the committed path, and whether it does itself.
@@ -72,15 +64,13 @@ class AcceptanceCalibration:
         for node in range(1, len(parents)):
             if on_path[parents[node]] and depths[node] <= len(path):
                 origin, column = origins[node], self._bin(local[node])
-                extension = extends(parents[node], origin, origins)
-                self.seen[origin][extension][column] += 1.0
-                self.accepted[origin][extension][column] += on_path[node]
+                self.seen[origin][column] += 1.0
+                self.accepted[origin][column] += on_path[node]
 
-    def node_rate(self, origin: int, extension: bool, local: float) -> float:
-        """Measured P(accepted | parent accepted) of a node of ``origin`` with local probability ``local`` (float32),
-        ``extension``: it extends its parent (``extends``)."""
-        cell, row = self._bin(local), int(extension)
-        return float32(self.accepted[origin][row][cell] / self.seen[origin][row][cell])
+    def node_rate(self, origin: int, local: float) -> float:
+        """Measured P(accepted | parent accepted) of a node of ``origin`` with local probability ``local`` (float32)."""
+        cell = self._bin(local)
+        return float32(self.accepted[origin][cell] / self.seen[origin][cell])
 
     def reach_list(self, tree: DraftTree) -> list[float]:  # [num_nodes], 1 at the root
         """Calibrated probability that verification accepts each node (the product of rates to the root)."""
@@ -88,8 +78,7 @@ class AcceptanceCalibration:
         local = local_probabilities(parents, scores)
         reach = [1.0] * len(parents)
         for node in range(1, len(parents)):  # parents first: the product runs down every path at once
-            parent, origin = parents[node], origins[node]
-            reach[node] = reach[parent] * self.node_rate(origin, extends(parent, origin, origins), local[node])
+            reach[node] = reach[parents[node]] * self.node_rate(origins[node], local[node])
         return [float32(r) for r in reach]
 
     def reach(self, tree: DraftTree) -> torch.Tensor:  # -> [num_nodes] float32, 1 at the root
@@ -115,11 +104,6 @@ def committed_path(
         depth = depths[node]
         on_path[node] = on_path[parents[node]] and depth <= len(committed) and tokens[node] == committed[depth - 1]
     return on_path
-
-
-def extends(parent: int, origin: int, origins: list[int]) -> bool:  # origins: [num_nodes]
-    """A node of ``origin`` under ``parent`` extends it: the parent is not the root and came from the same drafter."""
-    return parent > 0 and origins[parent] == origin
 
 
 def local_probabilities(parents: list[int], scores: list[float]) -> list[float]:  # [num_nodes], 1 at the root

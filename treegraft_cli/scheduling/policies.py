@@ -25,7 +25,7 @@ from ..hostlists import floats
 from ..lm import on_device_of
 from ..syncs import host_value
 from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree, float32
-from .calibration import AcceptanceCalibration, extends, host_columns
+from .calibration import AcceptanceCalibration
 
 
 def top_nodes(scores: torch.Tensor, allowed: torch.Tensor, k: int) -> torch.Tensor:
@@ -191,21 +191,17 @@ class WeakPreview:
     def reach(
         self,
         parent_reach: list[float],  # [num_nodes] calibrated reach of the tree's nodes
-        origins: list[int],  # [num_nodes] the tree's node origins
-        node_rate: Callable[[int, bool, float], float],  # (origin, extends, local probability) -> measured rate
+        node_rate: Callable[[int, float], float],  # (origin, local probability) -> measured rate
     ) -> list[float]:  # -> [chain tokens]
         """Calibrated reach of every chain token (-inf pads skipped): the parent's times the measured n-gram rates
-        along the chain, in float32; a chain's first token extends its parent when that is an n-gram node, every
-        later token extends the one before (``calibration.extends``). The preview is on the host (the layer loop's
-        trees are)."""
+        along the chain, in float32. The preview is on the host (the layer loop's trees are)."""
         reach = []
         for parent, row in zip(host_value(self.parents), host_value(self.logp), strict=True):
-            product, extension = parent_reach[parent], extends(parent, ORIGIN_NGRAM, origins)
+            product = parent_reach[parent]
             for logp in row:
                 if math.isfinite(logp):
-                    product *= node_rate(ORIGIN_NGRAM, extension, float32(math.exp(logp)))
+                    product *= node_rate(ORIGIN_NGRAM, float32(math.exp(logp)))
                     reach.append(float32(product))
-                    extension = True
         return reach
 
 
@@ -450,8 +446,7 @@ class CostAwareRule(CallPolicy):
         shares = reach[1:] / reach[parents].clamp(min=1e-12)
         covered = torch.zeros(tree.num_nodes).index_add_(0, parents, shares).clamp(max=1.0)
         virtual = reach[positions] * h * (1.0 - covered[positions])
-        weak = floats(state.weak.reach(reach_list, *host_columns(tree, "origins"), self.calibration.node_rate)
-                      if state.weak is not None else [])
+        weak = floats(state.weak.reach(reach_list, self.calibration.node_rate) if state.weak is not None else [])
         skip = expected_accepted(torch.cat([reach[1:], weak]), state.budget)
         return skip, expected_accepted(torch.cat([reach[1:], virtual]), state.budget)
 
