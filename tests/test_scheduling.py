@@ -160,6 +160,23 @@ def test_probing_decoder_stays_lossless(tiny_self_pair, cost_file):
     assert probe.rows and all(r["tau_call"] >= 1 and r["tau_skip"] >= 1 for r in probe.rows)
 
 
+def test_the_policy_collecting_keeps_time_on_the_profiles_clock(tiny_self_pair, cost_file):
+    """The step rule driving a collection measures every step at its time under the cost profile: its clock reads
+    the sum of the decoded steps' modelled times, whatever the probes and this machine took."""
+    drafter, target = tiny_self_pair
+    pipeline = Pipeline(target=target, drafter=drafter)
+    config = DecodeConfig(method="treegraft", tree=TreeConfig(budget=12, depth=3, top_k=3), max_new_tokens=16,
+                          method_options={"policy": "step"})
+    decoder, probe = probing_decoder(pipeline, CollectSettings(PAIR, "fp32", config, decide="step"),
+                                     load_cost_profile(cost_file[0]))
+    generation = decoder.generate(pipeline.encode_chat([{"role": "user", "content": "abcabcabc abc"}]))
+    rows = probe.labelled_rows()
+    assert len(rows) == len(generation.steps)  # a row per decoded step: every step could call at layer 1
+    assert probe.inner.policy.clock is probe.clock
+    assert probe.clock() * 1000.0 == pytest.approx(sum(row["ms_real"] for row in rows), rel=1e-5)
+    assert probe.inner.policy.ms > 0  # the rule timed its steps on it
+
+
 def test_a_step_drafted_again_gives_the_same_tree(tiny_self_pair):
     drafter, target = tiny_self_pair
     pipeline = Pipeline(target=target, drafter=drafter)

@@ -322,6 +322,9 @@ class CallPolicy(ABC):
     def observe(self, tree: DraftTree, accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """A verified step: ``accepted`` ``[a]`` root and accepted nodes, ``next_tokens`` ``[a]`` the target's token after each."""
 
+    def time_by(self, clock: Callable[[], float]) -> None:
+        """Measure step times with ``clock`` (seconds) instead of the wall clock; a policy that times nothing ignores it."""
+
     def trim(self, tree: DraftTree, costs: CostModel, budget: int) -> DraftTree:
         """The tree to verify, given the step's tree already cut to ``budget`` nodes: by default all of it."""
         return tree

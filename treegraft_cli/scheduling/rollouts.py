@@ -39,6 +39,14 @@ kind's outcome and value, with the layer-1 features.
 
 The scheduler's cost features are the profile's costs after ``COST_CONTEXT`` tokens, what the method's
 warm-up measures at run time; the labels' modelled times use the real context length.
+
+The policy that drives decoding keeps time on a modelled clock (``ModelledClock``): each decoded step advances it
+by the real step's time under the profile, and probes advance it by nothing. A policy that measures its rate and
+its steps' times (the step rule, and a distilled scheduler inside it) otherwise mixes the profile's modelled times
+(for what it has not yet measured) with this machine's wall time, and the probes' forwards: collected under a
+profile of other hardware, the step rule then never tried a step kind the profile priced too high for this
+machine's rate. On the modelled clock it decides as it would on the profile's hardware, whatever machine collects,
+and a collection does not depend on how busy the machine was.
 Layers where a call is impossible (no grafting position) give no row. The features of the row are the
 real build's features at ℓ, which equal the counterfactual builds' (same forced prefix, deterministic).
 After probing, the real tree is built once more, so the strong drafter's cache rows match the tree the
@@ -118,6 +126,20 @@ POLICY_ITSELF = "policy"  # the continuation after a probed layer is the real po
 SHORT_LAYERS = (1,)  # a short step's layers in per-step rollouts (the step rule's default)
 
 
+class ModelledClock:
+    """The driving policy's clock: seconds of modelled time, advanced by each decoded step's time under the
+    collection's cost profile (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __call__(self) -> float:
+        return self.seconds
+
+    def advance(self, ms: float) -> None:
+        self.seconds += ms / 1000.0
+
+
 @dataclass(frozen=True)
 class Outcome:
     tau: int  # accepted draft tokens + the bonus
@@ -148,6 +170,8 @@ class ProbingMethod(Method):
         self.taus: dict[tuple, int] = {}  # this step's verified trees: probes often rebuild the same one
         self.step_rows: list[dict[str, Any]] = []  # this step's rows, completed with the real outcome by ``observe``
         self.real: Outcome | None = None  # the real tree's counts, τ still unknown (0)
+        self.clock = ModelledClock()  # the driving policy's clock
+        self.real_ms = 0.0  # the real step's time under the profile
 
     @property
     def continuation(self) -> CallPolicy:
@@ -162,6 +186,7 @@ class ProbingMethod(Method):
         self.inner.measure_history = True  # rows keep the history features whatever the policy reads
         self.inner.probed = True  # probes force skipped layers: the n-gram scores are needed whatever the policy
         self.inner.start(prefill)
+        self.inner.policy.time_by(self.clock)
         self.step = 0
 
     def draft(self, committed: torch.Tensor) -> DraftTree:  # committed: [L], root last
@@ -179,8 +204,11 @@ class ProbingMethod(Method):
                     self.step_rows.append({**row, "step": self.step, "features": record.features.tolist(),
                                            "history": history, LAG_COLUMN: lag, "real_call": record.called})
             tree, _ = self.inner.build(committed)  # the real tree again: the strong cache must hold its rows
-            calls = sum(r.called for r in records)
-            self.real = Outcome(0, tree.size, calls, len(records) - calls)
+        calls = sum(r.called for r in records)
+        real = Outcome(0, tree.size, calls, len(records) - calls)
+        self.real = real if self.step % self.every == 0 else None  # a probed step's rows take its outcome
+        self.real_ms = self.costs.step_ms(real.nodes + 1, real.calls, real.weak, self.config.tree.top_k,
+                                          int(committed.numel()), lag)
         self.step += 1
         return tree
 
@@ -275,6 +303,7 @@ class ProbingMethod(Method):
             real = dataclasses.replace(self.real, tau=observation.num_accepted + 1)
             self.rows.extend({**row, **real.columns("real")} for row in self.step_rows)
             self.step_rows, self.real = [], None
+        self.clock.advance(self.real_ms)  # before the policy reads the step's time
         self.inner.observe(observation)
 
     def drafter_calls(self) -> dict[str, int]:

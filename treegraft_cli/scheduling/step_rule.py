@@ -255,6 +255,9 @@ class StepRule(CallPolicy):
     def previews(self, layer: int) -> bool:
         return layer == 1
 
+    def time_by(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+
     def step_kinds(self, num_layers: int) -> dict[str, StepKind]:
         if not self.kinds:
             layers = kind_layers(self.layers, self.short_layers, num_layers)
