@@ -29,9 +29,12 @@ from treegraft_cli.scheduling.policies import (
     FEATURE_NAMES,
     FEATURE_SETS,
     HISTORY_FEATURE_NAMES,
+    PREVIEW_FEATURE_NAMES,
     CostModel,
     SchedulerState,
+    WeakPreview,
     features,
+    preview_features,
 )
 from treegraft_cli.scheduling.registry import LEARNED, make_policy
 from treegraft_cli.scheduling.replay import price
@@ -147,6 +150,18 @@ def test_features_on_a_hand_built_tree():
                 -0.6]  # mean score of a and c
     assert len(expected) == len(FEATURE_NAMES)
     assert torch.allclose(features(state), torch.tensor(expected, dtype=torch.float32), atol=1e-6)
+
+
+def test_preview_features_by_hand():
+    """Two previewed chains under the root, p 0.5 then 0.5, and p 0.25 (padded): three tokens whose cumulative
+    probabilities are 0.5, 0.25 and 0.25; a budget of 2 counts the best two."""
+    logp = torch.log(torch.tensor([[0.5, 0.5], [0.25, 0.0]]))
+    logp[1, 1] = float("-inf")
+    weak = WeakPreview(torch.tensor([0, 0]), logp)
+    state = SchedulerState(tree=DraftTree.from_root(0), frontier=torch.tensor([0]), window=(0,), layer=1, num_layers=4,
+                           called=(), prompt_length=20, costs=CostModel(40.0, 10.0), width=2, budget=2, weak=weak)
+    assert preview_features(state) == pytest.approx((math.log1p(3), 0.75))
+    assert preview_features(dataclasses.replace(state, weak=None)) == (0.0, 0.0)
 
 
 def test_probing_decoder_stays_lossless(tiny_self_pair, cost_file):
@@ -413,6 +428,7 @@ def test_extended_features_are_collected_distilled_and_decided_with(rollouts, tm
     out, _, _ = rollouts
     _, table = read_rollouts(out)
     assert all(len(r["history"]) == len(HISTORY_FEATURE_NAMES) for r in table)
+    assert all(len(r["preview"]) == len(PREVIEW_FEATURE_NAMES) for r in table)
     # the strong drafter has forwarded nothing before a generation's first step: it lags by all of the context
     assert all(r["strong_lag"] == r["context_length"] for r in table if r["step"] == 0)
     assert any(r["strong_lag"] < r["context_length"] for r in table)

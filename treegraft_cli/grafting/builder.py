@@ -41,7 +41,7 @@ from ..drafters.ngram import Continuation, NgramIndex, TargetLogProbCache
 from ..hostlists import floats, longs
 from ..lm import on_device_of
 from ..scheduling.options import TreeGraftConfig
-from ..scheduling.policies import CallPolicy, CostModel, SchedulerState, WeakPreview, features
+from ..scheduling.policies import CallPolicy, CostModel, SchedulerState, WeakPreview, features, preview_features
 from ..syncs import fetch, host_only
 from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree, RootTrees, float32
 from .strong_run import RunPlan, RunResult, plan_run, run_strong_layers
@@ -119,6 +119,7 @@ class LayerRecord:
     called: bool
     forced: bool
     features: torch.Tensor | None  # [17]
+    preview: tuple[float, ...] = ()  # ``preview_features`` when recorded
 
 
 class LayerLoop:
@@ -207,7 +208,8 @@ class LayerLoop:
                 with host_only():
                     self.weak_layer(g, layer, proposal)
             with host_only():
-                records.append(LayerRecord(layer, call, layer in forced, features(state) if record else None))
+                records.append(LayerRecord(layer, call, layer in forced, features(state) if record else None,
+                                           preview_features(state) if record else ()))
             layer += 1
         with host_only():
             tree = policy.trim(cut_to_budget(g.tree, self.shape.budget), costs, self.shape.budget)

@@ -65,8 +65,11 @@ HISTORY_FEATURE_NAMES = (
 )
 # and how far behind the committed text the strong drafter is: what a call must catch up on first
 LAG_FEATURE_NAMES = ("log1p_strong_lag",)
+# and what a weak layer would hang now (``preview_features``): how much n-gram text this step could copy
+PREVIEW_FEATURE_NAMES = ("preview_log1p_tokens", "preview_expected_tokens")
 FEATURE_SETS: Mapping[str, tuple[str, ...]] = MappingProxyType(
-    {"paper": FEATURE_NAMES, "extended": FEATURE_NAMES + HISTORY_FEATURE_NAMES + LAG_FEATURE_NAMES}
+    {"paper": FEATURE_NAMES,
+     "extended": FEATURE_NAMES + HISTORY_FEATURE_NAMES + LAG_FEATURE_NAMES + PREVIEW_FEATURE_NAMES}
 )
 # a per-step scheduler (``step_rule.LearnedStepRule``) reads the layer-1 features and which strong kind it prices
 STEP_KIND_NAMES = ("short", "full")
@@ -269,12 +272,32 @@ def features(state: SchedulerState) -> torch.Tensor:
 
 def feature_vector(state: SchedulerState, feature_set: str = "paper") -> torch.Tensor:
     """The features of ``FEATURE_SETS[feature_set]``: the paper's 17, or those, the history's (its prior values
-    when the state carries none) and the strong drafter's lag."""
+    when the state carries none), the strong drafter's lag and the weak preview's."""
     base = features(state)
     if feature_set == "paper":
         return base
     history = state.history or (0.0,) * len(HISTORY_FEATURE_NAMES)
-    return torch.cat([base, torch.tensor([*history, math.log1p(state.strong_lag)], dtype=torch.float32)])
+    extra = [*history, math.log1p(state.strong_lag), *preview_features(state)]
+    return torch.cat([base, torch.tensor(extra, dtype=torch.float32)])
+
+
+def preview_features(state: SchedulerState) -> tuple[float, float]:
+    """``PREVIEW_FEATURE_NAMES``: the previewed n-gram chain tokens (log1p of their count) and the accepted tokens
+    their own scores promise (Σ of the ``budget`` best cumulative probabilities along the chains, taken from their
+    parents), both 0 without a preview. The scores are the target's past log-probs where the n-gram matched,
+    uncalibrated: with the history's measured n-gram acceptance beside them, the scheduler learns what they are worth
+    on the text at hand, as the step rule's discount does."""
+    if state.weak is None:
+        return 0.0, 0.0
+    cumulative = []
+    for row in host_value(state.weak.logp):
+        total = 0.0
+        for logp in row:
+            if math.isfinite(logp):
+                total += logp
+                cumulative.append(math.exp(total))
+    best = sorted(cumulative, reverse=True)[: state.budget]
+    return math.log1p(len(cumulative)), sum(best)
 
 
 def leading_layers(layers: Collection[int], num_layers: int, call_budget: int) -> int:

@@ -109,12 +109,13 @@ class Pricing:
         features[:, 1:4] = torch.tensor([costs.verify_ms, costs.strong_ms, costs.log_ratio])
         if self.feature_set == "paper":
             return features
-        if "history" not in table or LAG_COLUMN not in table:
-            raise ConfigError("these rollouts hold no history features or strong lag (collected by an older treegraft)",
-                              "collect them again, or distill with --features paper")
+        if "history" not in table or LAG_COLUMN not in table or "preview" not in table:
+            raise ConfigError("these rollouts hold no history or preview features or strong lag (collected by an older "
+                              "treegraft)", "collect them again, or distill with --features paper")
         history = torch.tensor(table["history"], dtype=torch.float32)
         lag = torch.tensor(table[LAG_COLUMN], dtype=torch.float32).log1p()[:, None]
-        return torch.cat([features, history, lag], dim=1)
+        preview = torch.tensor(table["preview"], dtype=torch.float32)
+        return torch.cat([features, history, lag, preview], dim=1)
 
     def ar_ms(self) -> torch.Tensor:  # [n] plain decoding's ms per token at each row's context
         return torch.tensor([self.profile.target_forward_ms(1, c) for c in self.contexts])

@@ -202,7 +202,8 @@ class ProbingMethod(Method):
             for record, row in probes:
                 if row is not None:
                     self.step_rows.append({**row, "step": self.step, "features": record.features.tolist(),
-                                           "history": history, LAG_COLUMN: lag, "real_call": record.called})
+                                           "history": history, LAG_COLUMN: lag, "preview": list(record.preview),
+                                           "real_call": record.called})
             tree, _ = self.inner.build(committed)  # the real tree again: the strong cache must hold its rows
         calls = sum(r.called for r in records)
         real = Outcome(0, tree.size, calls, len(records) - calls)
