@@ -40,17 +40,18 @@ kind's outcome and value, with the layer-1 features.
 The scheduler's cost features are the profile's costs after ``COST_CONTEXT`` tokens, what the method's
 warm-up measures at run time; the labels' modelled times use the real context length.
 
-The policy that drives decoding keeps time on a modelled clock (``ModelledClock``): each decoded step advances it
-by the real step's time under the profile, and probes advance it by nothing. A policy that measures its rate and
-its steps' times (the step rule, and a distilled scheduler inside it) otherwise mixes the profile's modelled times
-(for what it has not yet measured) with this machine's wall time, and the probes' forwards: collected under a
-profile of other hardware, the step rule then never tried a step kind the profile priced too high for this
-machine's rate. On the modelled clock it decides as it would on the profile's hardware, whatever machine collects,
-and a collection does not depend on how busy the machine was.
 Layers where a call is impossible (no grafting position) give no row. The features of the row are the
 real build's features at ℓ, which equal the counterfactual builds' (same forced prefix, deterministic).
 After probing, the real tree is built once more, so the strong drafter's cache rows match the tree the
 engine verifies and commits: decoding stays lossless and the trajectory is the real policy's.
+
+The policy that drives decoding keeps time on a modelled clock (``ModelledClock``): each decoded step advances it
+by the real step's time under the profile, and probes advance it by nothing. A policy that measures its rate and
+its steps' times (the step rule, and a distilled scheduler inside it) would otherwise mix the profile's modelled
+times (for what it has not yet measured) with this machine's wall time: collected under a profile of slower
+hardware, the step rule never tried a step kind the profile priced too high for this machine's rate. On the
+modelled clock it decides as it would on the profile's hardware, whatever machine collects, and a collection does
+not depend on how busy the machine was.
 """
 
 from __future__ import annotations
