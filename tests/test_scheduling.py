@@ -41,7 +41,7 @@ from treegraft_cli.scheduling.replay import price
 from treegraft_cli.scheduling.rollouts import CollectSettings, probing_decoder
 from treegraft_cli.scheduling.shards import read_rollouts
 from treegraft_cli.scheduling.step_rule import LearnedLayerRule, LearnedStepRule
-from treegraft_cli.scheduling.values import CATCH_UP_HORIZON, MAX_LAG
+from treegraft_cli.scheduling.values import CATCH_UP_HORIZON, LAG_COLUMN, MAX_LAG
 from treegraft_cli.tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree
 
 PAIR = "tiny-random@layers=2:tiny-random"
@@ -130,6 +130,18 @@ def test_a_strong_step_pays_for_catching_up_on_the_text_its_drafter_has_not_seen
     assert profile.step_ms(3, 1, 0, 3, 10, lag=lag) == pytest.approx(2.0 + 1.0 + lag * 0.25 / CATCH_UP_HORIZON)
     with pytest.raises(ConfigError, match="non-positive"):
         CostProfile(pair="p", device="cpu", dtype="fp32", tree_tokens=(1,), contexts=(10,), target_ms=((0.0,),))
+
+
+def test_each_strong_call_is_priced_at_the_nodes_it_forwarded():
+    # drafter: 1 ms for one token, +0.25 ms per token after it
+    profile = CostProfile(pair="p", device="cpu", dtype="fp32", tree_tokens=(1, 9), contexts=(10,),
+                          target_ms=((2.0, 2.0),), drafter_ms=((1.0, 3.0),))
+    # a call from the root forwards the pending tokens alone (lag 3), the next two forward 4 and 8 nodes
+    assert profile.step_ms(3, 3, 1, 4, 10, lag=3, forwarded=(0, 4, 8)) == pytest.approx(
+        2.0 + (1.0 + 2 * 0.25) + (1.0 + 3 * 0.25) + (1.0 + 7 * 0.25))
+    assert profile.step_ms(3, 1, 0, 4, 10, lag=0, forwarded=(0,)) == pytest.approx(2.0 + 1.0)  # at least one token
+    # without the counts (older rollouts) every call forwards 2·K = 8 nodes, the lag on top of the first
+    assert profile.step_ms(3, 2, 0, 4, 10, lag=3) == pytest.approx(2.0 + 2 * (1.0 + 7 * 0.25) + 3 * 0.25)
 
 
 def test_features_on_a_hand_built_tree():
@@ -466,6 +478,15 @@ def test_per_step_rollouts_distill_into_a_learned_step_rule(cost_file, tmp_path,
         assert row[f"value_kind_{kind}"] == pytest.approx(row[f"tau_kind_{kind}"] - row["rate"] * row[f"ms_kind_{kind}"],
                                                           abs=1e-5 * row[f"tau_kind_{kind}"])
     assert row["calls_kind_weak"] == 0 and row["calls_kind_short"] <= 1 <= row["calls_kind_full"] + 1
+    for kind in ("weak", "short", "full"):  # one count per call; a call from the root forwards no tree node
+        forwarded = row[f"forwarded_kind_{kind}"]
+        assert len(forwarded) == row[f"calls_kind_{kind}"] and forwarded[:1] in ([], [0])
+    assert all(0 < nodes <= 2 * 3 + 12 for nodes in row["forwarded_kind_full"][1:])  # K, 2·K with chains, + parents
+    costs = load_cost_profile(cost_file[0])
+    for kind in ("weak", "short", "full"):  # each label's time prices every call at what it forwarded
+        assert row[f"ms_kind_{kind}"] == pytest.approx(costs.step_ms(
+            row[f"nodes_kind_{kind}"] + 1, row[f"calls_kind_{kind}"], row[f"weak_kind_{kind}"], 3, row["context_length"],
+            row[LAG_COLUMN], row[f"forwarded_kind_{kind}"]))
     artifact = tmp_path / "steps.json"
     distilled = invoke(["distill", "--rollouts", str(out), "--out", str(artifact), "--epochs", "20"])
     assert distilled["decides"] == "step"

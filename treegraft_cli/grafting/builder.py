@@ -120,6 +120,7 @@ class LayerRecord:
     forced: bool
     features: torch.Tensor | None  # [17]
     preview: tuple[float, ...] = ()  # ``preview_features`` when recorded
+    forwarded: int = 0  # tree nodes the layer's strong call forwarded (the pending committed tokens not counted)
 
 
 class LayerLoop:
@@ -182,7 +183,7 @@ class LayerLoop:
         if device_tree and not forced and not record and policy.plans_whole_steps(self.shape.depth):
             plan = self.run_plan(committed, policy)
             if plan is not None and self.layout is not None:  # every layer strong, and no read
-                records = [LayerRecord(layer, True, False, None) for layer in range(1, plan.layers + 1)]
+                records = run_records(plan)
                 return self.strong_tree(committed), records, 0
         g, records = Growth.start(self.index.context[-1], roots=self.roots), []
         layer = 1
@@ -196,20 +197,21 @@ class LayerLoop:
                 call = wanted and self.strong is not None and bool(window)
             plan = self.run_plan(committed, policy) if call and layer == 1 and not forced and not record else None
             if plan is not None:
-                records = [LayerRecord(called, True, False, None) for called in range(1, plan.layers + 1)]
+                records = run_records(plan)
                 g = Growth.after_run(run_strong_layers(plan, self.strong, committed, self.index.context[-1],
                                                        self.options.lookback, self.roots), plan.layers)
                 layer = plan.layers + 1
                 continue
+            forwarded = 0
             if call:
-                self.strong_layer(g, layer, committed, window)
+                forwarded = self.strong_layer(g, layer, committed, window)
                 g.called.append(layer)
             else:
                 with host_only():
                     self.weak_layer(g, layer, proposal)
             with host_only():
                 records.append(LayerRecord(layer, call, layer in forced, features(state) if record else None,
-                                           preview_features(state) if record else ()))
+                                           preview_features(state) if record else (), forwarded))
             layer += 1
         with host_only():
             tree = policy.trim(cut_to_budget(g.tree, self.shape.budget), costs, self.shape.budget)
@@ -344,8 +346,9 @@ class LayerLoop:
 
     # -- call: the strong drafter -------------------------------------------------------------------
 
-    def strong_layer(self, g: Growth, layer: int, committed: torch.Tensor, window: list[int] | None = None) -> None:
-        """Call: one strong forward, then one read of what the host needs (see ``strong_lookup``).
+    def strong_layer(self, g: Growth, layer: int, committed: torch.Tensor, window: list[int] | None = None) -> int:
+        """Call: one strong forward, then one read of what the host needs (see ``strong_lookup``). Returns how many
+        tree nodes the forward took.
 
         ``window``: the layer's ``window_nodes`` when the caller has them already. The host tree's bookkeeping
         runs on host lists: a strong call touches a few dozen nodes, cheaper in Python than in tensor ops of a
@@ -376,6 +379,12 @@ class LayerLoop:
                 g.expanded[longs(positions)] = True
                 g.expanded_nodes.update(positions)
             g.frontier = longs(best_nodes(scores, sorted(set(children)), k))
+        return len(nodes)
+
+
+def run_records(plan: RunPlan) -> list[LayerRecord]:
+    """The records of a run's layers: each called, none forced, the nodes each forwarded by the plan."""
+    return [LayerRecord(layer, True, False, None, forwarded=plan.forwarded(layer)) for layer in range(1, plan.layers + 1)]
 
 
 @dataclass(frozen=True)

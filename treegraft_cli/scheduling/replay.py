@@ -89,8 +89,10 @@ class Pricing:
         table = self.table
         nodes, calls, weak = table[f"nodes_{action}"], table[f"calls_{action}"], table[f"weak_{action}"]
         lags = table.get(LAG_COLUMN) or [0] * len(nodes)  # rollouts collected before the lag was stored: none
-        return torch.tensor([self.profile.step_ms(n + 1, c, w, self.width, ctx, lag)
-                             for n, c, w, ctx, lag in zip(nodes, calls, weak, self.contexts, lags, strict=True)])
+        # rollouts collected before each call's forwarded nodes were stored: 2·K a call
+        forwarded = table.get(f"forwarded_{action}") or [None] * len(nodes)
+        return torch.tensor([self.profile.step_ms(n + 1, c, w, self.width, ctx, lag, f) for n, c, w, ctx, lag, f
+                             in zip(nodes, calls, weak, self.contexts, lags, forwarded, strict=True)])
 
     def tau(self, action: str) -> torch.Tensor:  # [n]
         return torch.tensor(self.table[f"tau_{action}"], dtype=torch.float32)

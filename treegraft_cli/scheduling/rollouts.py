@@ -9,11 +9,18 @@ forced actions {b: a_b for b < ℓ} ∪ {ℓ: x} and the *continuation* policy f
 learned; a fixed policy such as ``all-small`` may be named instead). Each resulting tree is verified
 against the target on a scratch extension of its KV cache (cropped back right after: the committed state
 is never touched) and walked greedily, giving τ_x = accepted tokens + the bonus. The real step's own
-outcome (its τ, nodes, calls and weak layers) is kept with the step's rows.
+outcome (its τ, nodes, calls, weak layers and the nodes each call forwarded) is kept with the step's rows.
 
-    modelled time  T_x = verify_ms(tree nodes + root, context) + calls_x · strong_ms(2·K, context)
-                         + [calls_x > 0] · s(lag) · (strong_ms(2·K + lag, context) − strong_ms(2·K, context))
+    modelled time  T_x = verify_ms(tree nodes + root, context) + Σ_calls strong_ms(m_c, context)
+                         + [calls_x > 0] · s(lag) · (strong_ms(m_1 + lag, context) − strong_ms(m_1, context))
                          + weak_layers_x · ngram_ms                      (all from the cost profile)
+
+m_c is the number of tree nodes call c forwarded (``LayerRecord.forwarded``): none for a call from the root,
+which forwards only the pending committed tokens, K for a later call on a tree without n-gram chains, up to 2·K
+plus the nodes with children after a weak layer. A forward's time grows with its tokens, so pricing every call
+at a typical 2·K would overprice strong steps, most of all short ones, whose only call forwards the lag alone,
+and a scheduler would learn to call less than is worth it. Rollouts collected before those counts were stored
+are priced at 2·K a call.
 
 lag is what the strong drafter has not forwarded of the committed text when the step is decided (its first
 call catches up on it); s(lag) = 1 up to ``MAX_LAG`` tokens, 1/``CATCH_UP_HORIZON`` beyond (the prompt: an
@@ -69,6 +76,7 @@ from ..config import DecodeConfig
 from ..engine import SpeculativeDecoder
 from ..errors import ConfigError
 from ..lm import inference
+from ..grafting.builder import LayerRecord
 from ..methods import Method, Observation, Prefill
 from ..methods.treegraft import TreeGraftMethod
 from ..pipeline import Pipeline, chat_messages
@@ -147,11 +155,22 @@ class Outcome:
     nodes: int  # non-root nodes verified
     calls: int  # strong drafter calls
     weak: int  # weak n-gram layers
+    forwarded: tuple[int, ...] = ()  # [calls] tree nodes each strong call forwarded
 
-    def columns(self, action: str) -> dict[str, int]:
+    @classmethod
+    def of_build(cls, tau: int, tree: DraftTree, records: Sequence[LayerRecord]) -> Outcome:
+        """The counts of one build of a step: its tree and its layers' records."""
+        forwarded = tuple(r.forwarded for r in records if r.called)
+        return cls(tau, tree.size, len(forwarded), len(records) - len(forwarded), forwarded)
+
+    def columns(self, action: str) -> dict[str, Any]:
         """The outcome as rollout columns named after ``action`` (``call``, ``skip`` or ``real``)."""
         return {f"tau_{action}": self.tau, f"nodes_{action}": self.nodes, f"calls_{action}": self.calls,
-                f"weak_{action}": self.weak}
+                f"weak_{action}": self.weak, f"forwarded_{action}": list(self.forwarded)}
+
+    def ms(self, costs: CostProfile, width: int, context: int, lag: int) -> float:
+        """The step's modelled time under ``costs`` (the root verified with the nodes)."""
+        return costs.step_ms(self.nodes + 1, self.calls, self.weak, width, context, lag, self.forwarded)
 
 
 class ProbingMethod(Method):
@@ -206,11 +225,9 @@ class ProbingMethod(Method):
                                            "history": history, LAG_COLUMN: lag, "preview": list(record.preview),
                                            "real_call": record.called})
             tree, _ = self.inner.build(committed)  # the real tree again: the strong cache must hold its rows
-        calls = sum(r.called for r in records)
-        real = Outcome(0, tree.size, calls, len(records) - calls)
+        real = Outcome.of_build(0, tree, records)
         self.real = real if self.step % self.every == 0 else None  # a probed step's rows take its outcome
-        self.real_ms = self.costs.step_ms(real.nodes + 1, real.calls, real.weak, self.config.tree.top_k,
-                                          int(committed.numel()), lag)
+        self.real_ms = real.ms(self.costs, self.config.tree.top_k, int(committed.numel()), lag)
         self.step += 1
         return tree
 
@@ -223,15 +240,13 @@ class ProbingMethod(Method):
         for name, called in kind_layers(self.inner.options.layers, SHORT_LAYERS, depth).items():
             forced = {layer: layer in called for layer in range(1, depth + 1)}
             tree, records = self.inner.build(committed, policy=self.continuation, forced=forced)
-            calls = sum(r.called for r in records)
-            outcomes[name] = Outcome(self.accepted(tree), tree.size, calls, len(records) - calls)
+            outcomes[name] = Outcome.of_build(self.accepted(tree), tree, records)
         if all(o.calls == 0 for o in outcomes.values()):
             return None
         width, context = self.config.tree.top_k, int(committed.numel())
         row: dict[str, Any] = {"layer": 1, "context_length": context}
         for name, o in outcomes.items():
-            ms = self.costs.step_ms(o.nodes + 1, o.calls, o.weak, width, context, lag)
-            row.update({**o.columns(f"kind_{name}"), f"ms_kind_{name}": ms})
+            row.update({**o.columns(f"kind_{name}"), f"ms_kind_{name}": o.ms(self.costs, width, context, lag)})
         return row
 
     def probe(self, committed: torch.Tensor, real: Mapping[int, bool], layer: int, lag: int) -> dict[str, Any] | None:
@@ -241,8 +256,7 @@ class ProbingMethod(Method):
             tree, records = self.inner.build(committed, policy=self.continuation, forced={**forced, layer: action})
             if records[layer - 1].called != action:  # no grafting position: a call is impossible here
                 return None
-            calls = sum(r.called for r in records)
-            outcomes[action] = Outcome(self.accepted(tree), tree.size, calls, len(records) - calls)
+            outcomes[action] = Outcome.of_build(self.accepted(tree), tree, records)
         return self.label(outcomes[True], outcomes[False], layer, int(committed.numel()), lag)
 
     @inference
@@ -268,8 +282,7 @@ class ProbingMethod(Method):
         width = self.config.tree.top_k
         row: dict[str, Any] = {"layer": layer, "context_length": context}
         for name, o in (("call", call), ("skip", skip)):
-            ms = self.costs.step_ms(o.nodes + 1, o.calls, o.weak, width, context, lag)
-            row.update({**o.columns(name), f"ms_{name}": ms})
+            row.update({**o.columns(name), f"ms_{name}": o.ms(self.costs, width, context, lag)})
         return row
 
     def labelled_rows(self) -> list[dict[str, Any]]:
@@ -283,7 +296,8 @@ class ProbingMethod(Method):
             return torch.tensor([row[name] for row in rows], dtype=torch.float32)
 
         ms_real = torch.tensor([self.costs.step_ms(r["nodes_real"] + 1, r["calls_real"], r["weak_real"], width,
-                                                   r["context_length"], r[LAG_COLUMN]) for r in rows])
+                                                   r["context_length"], r[LAG_COLUMN], r["forwarded_real"])
+                                for r in rows])
         rate = running_rates([0] * len(rows), [r["step"] for r in rows], column("tau_real"), ms_real)
         actions = [a[len("tau_"):] for a in rows[0] if a.startswith("tau_") and a != "tau_real"]
         values = {a: decision_values(column(f"tau_{a}"), column(f"ms_{a}"), rate) for a in actions}
