@@ -75,8 +75,8 @@ import torch
 from ..config import DecodeConfig
 from ..engine import SpeculativeDecoder
 from ..errors import ConfigError
-from ..lm import inference
 from ..grafting.builder import LayerRecord
+from ..lm import inference
 from ..methods import Method, Observation, Prefill
 from ..methods.treegraft import TreeGraftMethod
 from ..pipeline import Pipeline, chat_messages
