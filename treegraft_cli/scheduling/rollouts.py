@@ -68,14 +68,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..config import DecodeConfig
 from ..engine import SpeculativeDecoder
 from ..errors import ConfigError
-from ..grafting.builder import LayerRecord
 from ..lm import inference
 from ..methods import Method, Observation, Prefill
 from ..methods.treegraft import TreeGraftMethod
@@ -98,6 +97,9 @@ from .shards import (
 )
 from .step_rule import kind_layers
 from .values import LAG_COLUMN, decision_values, running_rates
+
+if TYPE_CHECKING:  # the layer loop's records; this package imports the methods, never the loop itself
+    from ..grafting.builder import LayerRecord
 
 Progress = Callable[[str, int, int], None]
 
