@@ -510,36 +510,6 @@ def test_per_step_rollouts_distill_into_a_learned_step_rule(cost_file, tmp_path,
     assert names == ["always-weak", "always-full", "always-short", "oracle", "collected", "learned"] or \
         sorted(names) == sorted(["always-weak", "always-full", "always-short", "oracle", "collected", "learned"])
     assert all(math.isfinite(r["speedup"]) and r["speedup"] > 0 for r in replayed["results"])
-    # the rule features: the collecting rule's margins are stored with each step, read back by the learned rule
-    assert all(len(margins) == 2 for margins in table["rule_margins"])
-    ruled = tmp_path / "ruled.json"
-    invoke(["distill", "--rollouts", str(out), "--out", str(ruled), "--epochs", "20", "--features", "rule"])
-    assert load_scheduler(ruled).feature_names[-4:] == ("rule_margin_short", "rule_margin_full", "kind_short", "kind_full")
-    config = dataclasses.replace(config, method_options={**config.method_options, "scheduler": str(ruled)})
-    decoder = Pipeline(target=target, drafter=drafter).decoder(config)
-    assert decoder.method.policy.feature_set == "rule"
-    assert decoder.generate(prompt).output_ids == reference_greedy(target, prompt, 12)
-
-
-def test_learned_step_rule_reads_the_rules_own_margins():
-    """With the rule features a per-step scheduler sees τ_kind − R·T_kind − (τ_weak − R·T_weak) as the step rule prices
-    each kind: here a full step's measured 4 tokens in 100 ms against a weak step's 1 token in 50 ms, at R 0.02."""
-    seen = []
-    rule = LearnedStepRule(5, 0.8, lambda f: seen.append(f) or -1.0, feature_set="rule")
-    rule.step_kinds(4)
-    rule.tokens, rule.ms = 2.0, 100.0  # R = 0.02 tokens per ms
-    for name, tau, ms in (("weak", 1.0, 50.0), ("short", 2.0, 80.0), ("full", 4.0, 100.0)):
-        kind = rule.kinds[name]
-        kind.record_time(ms, ms, 0.0)
-        if name != "weak":
-            kind.record_tau(tau, 0.0)
-    tree = DraftTree.from_root(0)
-    state = SchedulerState(tree=tree, frontier=torch.zeros(1, dtype=torch.long), window=(0,), layer=1, num_layers=4,
-                           called=(), prompt_length=10, costs=CostModel(40.0, 10.0), width=2, budget=8)
-    assert rule.decide(state) is False  # every predicted margin is negative: a weak step
-    weak = rule.values["weak"]
-    assert rule.decision_margins() == pytest.approx((2.0 - 0.02 * 80.0 - weak, 4.0 - 0.02 * 100.0 - weak))
-    assert len(seen) == 2 and all(f[-4:-2].tolist() == pytest.approx(list(rule.decision_margins())) for f in seen)
 
 
 def test_learned_layer_rule_decides_each_layer_and_measures_the_step_it_made():

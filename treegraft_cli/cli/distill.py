@@ -35,7 +35,7 @@ def distill(
     seed: Annotated[int, typer.Option("--seed", help="Split and initialisation seed.")] = 0,
     folds: Annotated[int, typer.Option("--folds", help="K > 1: K-fold cross-validation over prompts for the report (the artifact then fits every prompt).")] = 0,
     cost: Annotated[list[Path] | None, typer.Option("--cost", help="Extra cost profile(s) to re-price the rollouts under (hardware-aware training).")] = None,
-    features: Annotated[str, typer.Option("--features", help=f"Feature set: {' | '.join(FEATURE_SETS)} (extended adds what the recent steps measured; rule adds the step rule's own margins to those, per-step rollouts only).")] = "paper",
+    features: Annotated[str, typer.Option("--features", help=f"Feature set: {' | '.join(FEATURE_SETS)} (extended adds what the recent steps measured).")] = "paper",
 ) -> None:
     """Fit the features→64→32→1 MLP to the value margins; held-out sign accuracy and regret; write the artifact."""
     if not 0 < holdout < 1 or epochs < 1 or folds < 0 or folds == 1:

@@ -34,7 +34,7 @@ import torch
 from ..atomic import atomic_write_text
 from ..errors import ConfigError
 from .options import TreeGraftConfig
-from .policies import FEATURE_NAMES, FEATURE_SETS, STATE_FEATURE_SETS, STEP_KIND_FEATURE_NAMES, CallPolicy, kind_one_hot
+from .policies import FEATURE_NAMES, FEATURE_SETS, STEP_KIND_FEATURE_NAMES, CallPolicy, kind_one_hot
 from .step_rule import LearnedLayerRule, LearnedStepRule
 
 KIND = "treegraft-scheduler"
@@ -142,9 +142,9 @@ def scheduler_from_document(document: Any, source: str) -> DistilledScheduler:
     decides = document.get("decides", "layer")
     kind_names = list(STEP_KIND_FEATURE_NAMES) if decides == "step" else []
     feature_set = next((name for name, known in FEATURE_SETS.items() if names == [*known, *kind_names]), None)
-    if decides not in ("layer", "step") or feature_set is None or (decides == "layer" and feature_set not in STATE_FEATURE_SETS):
+    if decides not in ("layer", "step") or feature_set is None:
         raise ConfigError(f"{source} was distilled for other features than this version's sets ({', '.join(FEATURE_SETS)})",
-                          "distill it again with this version (`treegraft distill --features paper|extended|rule`)")
+                          "distill it again with this version (`treegraft distill --features paper|extended`)")
     try:
         layers = document["layers"]
         hidden = tuple(len(layer["bias"]) for layer in layers[:-1])

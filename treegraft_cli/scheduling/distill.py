@@ -33,7 +33,7 @@ import torch
 from ..errors import ConfigError
 from .artifact import HIDDEN, DistilledScheduler, Normaliser, build_mlp
 from .cost_profile import CostProfile
-from .policies import STATE_FEATURE_SETS, STEP_KIND_NAMES, kind_one_hot
+from .policies import STEP_KIND_NAMES, kind_one_hot
 from .replay import PricedSteps, price, price_steps
 from .shards import table_columns
 from .values import REAL_COLUMNS
@@ -215,9 +215,6 @@ def distill(
 
     Prompts are held out across iterations: a prompt collected again under a later policy stays on its side.
     """
-    if settings.feature_set not in STATE_FEATURE_SETS and decide != "step":
-        raise ConfigError(f"the {settings.feature_set} features are the step rule's margins of whole step kinds",
-                          "distill per-step rollouts (`collect --decide step`) with them, or use --features extended")
     if len({_has_rate([table]) for table in tables}) > 1:
         raise ConfigError("some rollout directories lack the real step's outcome (collected by an older treegraft)",
                           "collect them again, or distill them apart")

@@ -67,16 +67,10 @@ HISTORY_FEATURE_NAMES = (
 LAG_FEATURE_NAMES = ("log1p_strong_lag",)
 # and what a weak layer would hang now (``preview_features``): how much n-gram text this step could copy
 PREVIEW_FEATURE_NAMES = ("preview_log1p_tokens", "preview_expected_tokens")
-# the rule set adds the step rule's own margins of each strong kind over a weak step (``CallPolicy.decision_margins``),
-# in tokens: a per-step scheduler learns where the rule's measured values mislead it
-RULE_FEATURE_NAMES = ("rule_margin_short", "rule_margin_full")
-EXTENDED_FEATURE_NAMES = FEATURE_NAMES + HISTORY_FEATURE_NAMES + LAG_FEATURE_NAMES + PREVIEW_FEATURE_NAMES
 FEATURE_SETS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {"paper": FEATURE_NAMES,
-     "extended": EXTENDED_FEATURE_NAMES,
-     "rule": EXTENDED_FEATURE_NAMES + RULE_FEATURE_NAMES}
+     "extended": FEATURE_NAMES + HISTORY_FEATURE_NAMES + LAG_FEATURE_NAMES + PREVIEW_FEATURE_NAMES}
 )
-STATE_FEATURE_SETS = ("paper", "extended")  # the sets ``feature_vector`` computes from a state alone
 # a per-step scheduler (``step_rule.LearnedStepRule``) reads the layer-1 features and which strong kind it prices
 STEP_KIND_NAMES = ("short", "full")
 STEP_KIND_FEATURE_NAMES = tuple(f"kind_{name}" for name in STEP_KIND_NAMES)
@@ -278,8 +272,7 @@ def features(state: SchedulerState) -> torch.Tensor:
 
 def feature_vector(state: SchedulerState, feature_set: str = "paper") -> torch.Tensor:
     """The features of ``FEATURE_SETS[feature_set]``: the paper's 17, or those, the history's (its prior values
-    when the state carries none), the strong drafter's lag and the weak preview's. The ``rule`` set reads these
-    ``extended`` ones; its step rule margins come from the policy (``step_rule.LearnedStepRule``)."""
+    when the state carries none), the strong drafter's lag and the weak preview's."""
     base = features(state)
     if feature_set == "paper":
         return base
@@ -354,10 +347,6 @@ class CallPolicy(ABC):
 
     def time_by(self, clock: Callable[[], float]) -> None:
         """Measure step times with ``clock`` (seconds) instead of the wall clock; a policy that times nothing ignores it."""
-
-    def decision_margins(self) -> tuple[float, ...]:
-        """``RULE_FEATURE_NAMES`` as the policy's last decision at layer 1 priced them; () when it prices no step kinds."""
-        return ()
 
     def trim(self, tree: DraftTree, costs: CostModel, budget: int) -> DraftTree:
         """The tree to verify, given the step's tree already cut to ``budget`` nodes: by default all of it."""

@@ -117,14 +117,7 @@ class Pricing:
         history = torch.tensor(table["history"], dtype=torch.float32)
         lag = torch.tensor(table[LAG_COLUMN], dtype=torch.float32).log1p()[:, None]
         preview = torch.tensor(table["preview"], dtype=torch.float32)
-        extended = torch.cat([features, history, lag, preview], dim=1)
-        if self.feature_set == "extended":
-            return extended
-        if "rule_margins" not in table:
-            raise ConfigError("these rollouts hold no step rule margins (collected by an older treegraft, or under a "
-                              "policy that prices no step kinds)",
-                              "collect them again with --policy step (or learned:FILE), or distill with --features extended")
-        return torch.cat([extended, torch.tensor(table["rule_margins"], dtype=torch.float32)], dim=1)
+        return torch.cat([features, history, lag, preview], dim=1)
 
     def ar_ms(self) -> torch.Tensor:  # [n] plain decoding's ms per token at each row's context
         return torch.tensor([self.profile.target_forward_ms(1, c) for c in self.contexts])

@@ -215,7 +215,6 @@ class ProbingMethod(Method):
         history = list(self.inner.history.values())  # the recent steps, before this one
         lag = self.inner.loop.strong_lag(committed)  # before any build of this step moves the strong drafter
         tree, records = self.inner.build(committed, record=True)
-        margins = list(self.inner.policy.decision_margins())  # the driving policy's, before any probe
         self.step_rows, self.real = [], None
         if self.step % self.every == 0:
             self.taus = {}
@@ -226,7 +225,7 @@ class ProbingMethod(Method):
                 if row is not None:
                     self.step_rows.append({**row, "step": self.step, "features": record.features.tolist(),
                                            "history": history, LAG_COLUMN: lag, "preview": list(record.preview),
-                                           "real_call": record.called, **({"rule_margins": margins} if margins else {})})
+                                           "real_call": record.called})
             tree, _ = self.inner.build(committed)  # the real tree again: the strong cache must hold its rows
         real = Outcome.of_build(0, tree, records)
         self.real = real if self.step % self.every == 0 else None  # a probed step's rows take its outcome

@@ -249,7 +249,6 @@ class StepRule(CallPolicy):
         self.started = 0.0
         self.preview: WeakPreview | None = None
         self.estimate = 1.0
-        self.values: dict[str, float] = {}  # the last decision's τ − R·T of each kind, in tokens
         self.untrimmed: DraftTree | None = None  # this step's tree before the trim, when one was cut
         self.weak_judged: tuple[list[float], set[int]] | None = None  # a weak step's reach and kept nodes at its trim
 
@@ -280,44 +279,30 @@ class StepRule(CallPolicy):
 
     def choose(self, state: SchedulerState) -> StepKind:
         kinds = self.step_kinds(state.num_layers)
-        taus, times, rate = self.price_kinds(state)
-        if rate <= 0:
-            return kinds["full"]
-        values = self.values
-        best = max(values, key=values.get)
-        stale = max((kind for kind in kinds.values() if kind.layers), key=lambda kind: kind.idle)
-        upside = self.explore_upside * self.strong_tau(stale) - rate * times[stale.name]
-        if stale.idle >= self.explore and state.strong_lag <= self.max_lag and upside > values[best]:
-            return stale
-        return kinds[best]
-
-    def price_kinds(self, state: SchedulerState) -> tuple[dict[str, float], dict[str, float], float]:
-        """Each kind's expected τ and time (ms) for this step, and R; ``values`` keeps each kind's τ − R·T. Reads the
-        step's weak preview (``preview``, ``estimate``)."""
-        kinds = self.step_kinds(state.num_layers)
         self.preview = state.weak
         self.estimate, weak_nodes = self.weak_estimate(state)
         catch_up = state.strong_lag > self.max_lag
+        strong = [kind for kind in kinds.values() if kind.layers]
         costs = state.costs
         extra = state.strong_lag * self.catch_up_cost(state) / self.catch_up_horizon if catch_up else 0.0
         taus = {"weak": self.weak_outcomes.expected(self.estimate)}
         times = {"weak": self.weak_ms(costs, weak_nodes, state.budget)}
-        for kind in kinds.values():
-            if kind.layers:
-                modelled = costs.verify_at(state.budget, state.budget) + len(kind.layers) * costs.strong_ms
-                times[kind.name] = kind.mean_ms(modelled) + extra
-                taus[kind.name] = self.strong_tau(kind)
+        for kind in strong:
+            modelled = costs.verify_at(state.budget, state.budget) + len(kind.layers) * costs.strong_ms
+            times[kind.name] = kind.mean_ms(modelled) + extra
+            taus[kind.name] = self.strong_tau(kind)
         # R before any step is measured: the best modelled rate, so the first step takes the kind that
         # promises the most tokens per ms (a catch-up on the prompt priced in) instead of always a full one
         rate = self.rate if self.ms > 0 else max((taus[k] / times[k] for k in taus if times[k] > 0), default=0.0)
-        self.values = {name: taus[name] - rate * times[name] for name in taus} if rate > 0 else {}
-        return taus, times, rate
-
-    def decision_margins(self) -> tuple[float, ...]:
-        values = self.values
-        if not values:  # nothing measured or modelled yet: no kind is worth more than another
-            return (0.0,) * len(STEP_KIND_NAMES)
-        return tuple(values.get(name, values["weak"]) - values["weak"] for name in STEP_KIND_NAMES)
+        if rate <= 0:
+            return kinds["full"]
+        values = {name: taus[name] - rate * times[name] for name in taus}
+        best = max(values, key=values.get)
+        stale = max(strong, key=lambda kind: kind.idle)
+        upside = self.explore_upside * self.strong_tau(stale) - rate * times[stale.name]
+        if stale.idle >= self.explore and not catch_up and upside > values[best]:
+            return stale
+        return kinds[best]
 
     def catch_up_cost(self, state: SchedulerState) -> float:
         """Ms per committed token a catch-up call costs: measured; else a strong call's ms times what one more token
@@ -464,10 +449,9 @@ class LearnedStepRule(DistilledRule):
 
     def choose(self, state: SchedulerState) -> StepKind:
         kinds = self.step_kinds(state.num_layers)
-        self.price_kinds(state)  # the weak estimate and its outcomes stay measured, as the trim reads them
+        self.preview = state.weak  # the weak estimate and its outcomes stay measured, as the trim reads them
+        self.estimate, _ = self.weak_estimate(state)
         inputs = feature_vector(state, self.feature_set)
-        if self.feature_set == "rule":
-            inputs = torch.cat([inputs, torch.tensor(self.decision_margins(), dtype=torch.float32)])
         best, best_margin = kinds["weak"], self.min_margin
         for name in STEP_KIND_NAMES:
             if name in kinds:
