@@ -40,7 +40,7 @@ from treegraft_cli.scheduling.registry import LEARNED, make_policy
 from treegraft_cli.scheduling.replay import price
 from treegraft_cli.scheduling.rollouts import CollectSettings, probing_decoder
 from treegraft_cli.scheduling.shards import read_rollouts
-from treegraft_cli.scheduling.step_rule import LearnedLayerRule, LearnedStepRule
+from treegraft_cli.scheduling.step_rule import LearnedLayerRule, LearnedStepRule, StepRule
 from treegraft_cli.scheduling.values import CATCH_UP_HORIZON, LAG_COLUMN, MAX_LAG
 from treegraft_cli.tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree
 
@@ -202,6 +202,25 @@ def test_the_policy_collecting_keeps_time_on_the_profiles_clock(tiny_self_pair, 
     assert probe.inner.policy.clock is probe.clock
     assert probe.clock() * 1000.0 == pytest.approx(sum(row["ms_real"] for row in rows), rel=1e-5)
     assert probe.inner.policy.ms > 0  # the rule timed its steps on it
+
+
+def test_rollouts_record_the_features_the_policy_decided_on(tiny_self_pair, cost_file, monkeypatch):
+    """A row's features are the state's at the decision, before the layer grows the tree: what a distilled scheduler
+    reads when it decides. At layer 1 the tree is the root alone, so its one frontier node is a leaf."""
+    seen = []
+    choose = StepRule.choose
+    monkeypatch.setattr(StepRule, "choose", lambda rule, state: seen.append(features(state).tolist()) or choose(rule, state))
+    drafter, target = tiny_self_pair
+    pipeline = Pipeline(target=target, drafter=drafter)
+    config = DecodeConfig(method="treegraft", tree=TreeConfig(budget=12, depth=3, top_k=3), max_new_tokens=16,
+                          method_options={"policy": "step"})
+    decoder, probe = probing_decoder(pipeline, CollectSettings(PAIR, "fp32", config, decide="step"),
+                                     load_cost_profile(cost_file[0]))
+    decoder.generate(pipeline.encode_chat([{"role": "user", "content": "abcabcabc abc"}]))
+    rows = probe.labelled_rows()
+    leaf = FEATURE_NAMES.index("frontier_leaf_share")
+    assert rows and all(row["features"][leaf] == 1.0 for row in rows)
+    assert all(any(row["features"] == pytest.approx(decided) for decided in seen) for row in rows)
 
 
 def test_a_step_drafted_again_gives_the_same_tree(tiny_self_pair):

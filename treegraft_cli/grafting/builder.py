@@ -193,6 +193,8 @@ class LayerLoop:
                 proposal = self.propose_weak(g, layer) if previewed else None
                 window = self.window_nodes(g, layer)
                 state = self.state(g, layer, costs, prompt_length, proposal, self.strong_lag(committed), history, window)
+                # recorded as the policy sees them: before the layer grows the tree the state holds
+                recorded = (features(state), preview_features(state)) if record else (None, ())
                 wanted = forced[layer] if layer in forced else policy.decide(state)
                 call = wanted and self.strong is not None and bool(window)
             plan = self.run_plan(committed, policy) if call and layer == 1 and not forced and not record else None
@@ -210,8 +212,7 @@ class LayerLoop:
                 with host_only():
                     self.weak_layer(g, layer, proposal)
             with host_only():
-                records.append(LayerRecord(layer, call, layer in forced, features(state) if record else None,
-                                           preview_features(state) if record else (), forwarded))
+                records.append(LayerRecord(layer, call, layer in forced, *recorded, forwarded))
             layer += 1
         with host_only():
             tree = policy.trim(cut_to_budget(g.tree, self.shape.budget), costs, self.shape.budget)
