@@ -31,7 +31,7 @@ def distill(
     rollouts: Annotated[list[Path], typer.Option("--rollouts", help="Rollout directory from `treegraft collect`; repeat it for the iterations of on-policy collection.")],
     out: Annotated[Path, typer.Option("--out", help="Scheduler artifact (JSON) to write.")],
     holdout: Annotated[float, typer.Option("--holdout", help="Share of prompts held out for testing.")] = 0.2,
-    epochs: Annotated[int, typer.Option("--epochs", help="Full-batch Adam epochs.")] = 400,
+    epochs: Annotated[int, typer.Option("--epochs", help="Full-batch Adam epochs.")] = DistillSettings.epochs,
     seed: Annotated[int, typer.Option("--seed", help="Split and initialisation seed.")] = 0,
     folds: Annotated[int, typer.Option("--folds", help="K > 1: K-fold cross-validation over prompts for the report (the artifact then fits every prompt).")] = 0,
     cost: Annotated[list[Path] | None, typer.Option("--cost", help="Extra cost profile(s) to re-price the rollouts under (hardware-aware training).")] = None,

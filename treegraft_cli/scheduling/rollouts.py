@@ -68,7 +68,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -97,9 +97,6 @@ from .shards import (
 )
 from .step_rule import kind_layers
 from .values import LAG_COLUMN, decision_values, running_rates
-
-if TYPE_CHECKING:  # the layer loop's records; this package imports the methods, never the loop itself
-    from ..grafting.builder import LayerRecord
 
 Progress = Callable[[str, int, int], None]
 
@@ -151,6 +148,13 @@ class ModelledClock:
         self.seconds += ms / 1000.0
 
 
+class CalledLayer(Protocol):
+    """What an outcome reads of a layer's record (``grafting.builder.LayerRecord``)."""
+
+    called: bool
+    forwarded: int  # tree nodes the layer's strong call forwarded
+
+
 @dataclass(frozen=True)
 class Outcome:
     tau: int  # accepted draft tokens + the bonus
@@ -160,7 +164,7 @@ class Outcome:
     forwarded: tuple[int, ...] = ()  # [calls] tree nodes each strong call forwarded
 
     @classmethod
-    def of_build(cls, tau: int, tree: DraftTree, records: Sequence[LayerRecord]) -> Outcome:
+    def of_build(cls, tau: int, tree: DraftTree, records: Sequence[CalledLayer]) -> Outcome:
         """The counts of one build of a step: its tree and its layers' records."""
         forwarded = tuple(r.forwarded for r in records if r.called)
         return cls(tau, tree.size, len(forwarded), len(records) - len(forwarded), forwarded)
