@@ -223,6 +223,22 @@ def test_rollouts_record_the_features_the_policy_decided_on(tiny_self_pair, cost
     assert all(any(row["features"] == pytest.approx(decided) for decided in seen) for row in rows)
 
 
+def test_probes_leave_the_strong_drafter_where_the_real_policy_left_it(tiny_self_pair, cost_file):
+    """Probes call the strong drafter; a policy that never calls must still see its lag grow step after step."""
+    drafter, target = tiny_self_pair
+    pipeline = Pipeline(target=target, drafter=drafter)
+    config = DecodeConfig(method="treegraft", tree=TreeConfig(budget=12, depth=3, top_k=3), max_new_tokens=16,
+                          method_options={"policy": "all-small"})
+    decoder, probe = probing_decoder(pipeline, CollectSettings(PAIR, "fp32", config, decide="step"),
+                                     load_cost_profile(cost_file[0]))
+    prompt = pipeline.encode_chat([{"role": "user", "content": "abcabcabc abc"}])
+    generation = decoder.generate(prompt)
+    assert generation.output_ids == reference_greedy(target, prompt, 16)
+    lags = [row[LAG_COLUMN] for row in probe.labelled_rows()]
+    assert len(lags) > 1 and lags[0] == prompt.numel() + 1  # the prompt and the first root
+    assert all(later > earlier for earlier, later in zip(lags, lags[1:], strict=False))
+
+
 def test_a_step_drafted_again_gives_the_same_tree(tiny_self_pair):
     drafter, target = tiny_self_pair
     pipeline = Pipeline(target=target, drafter=drafter)

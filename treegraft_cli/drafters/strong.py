@@ -38,6 +38,14 @@ class TreeDrafter(ModelDrafter):
         super().reset()
         self.root_length = -1
 
+    def rewind(self, length: int) -> None:
+        """Forget every committed token forwarded past the first ``length``: a collection's probes call the drafter where
+        the real policy may not, and their catch-up must not be the real policy's."""
+        if length < self.committed_length:
+            self.committed_length, self.root_length = length, -1
+            self.lm.crop(length)
+            self.logp_rows.keep(0)
+
     def start_step(self) -> None:
         """Drop the rows of an earlier draft of this step; nothing is forwarded until a call needs it."""
         self.calls = 0

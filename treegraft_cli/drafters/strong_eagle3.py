@@ -59,6 +59,9 @@ class Eagle3TreeDrafter(Eagle3Drafter):
         self.root_length = -1
         self.logp_rows.keep(0)
 
+    def rewind(self, length: int) -> None:
+        """Not rewound: the head's catch-up replays the target's hidden states, which the step has already consumed."""
+
     def start_step(self) -> None:
         """Drop the node rows of an earlier draft of this step; keep its root row. Nothing is forwarded yet."""
         self.calls = 0

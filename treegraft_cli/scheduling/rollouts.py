@@ -218,6 +218,8 @@ class ProbingMethod(Method):
     def draft(self, committed: torch.Tensor) -> DraftTree:  # committed: [L], root last
         history = list(self.inner.history.values())  # the recent steps, before this one
         lag = self.inner.loop.strong_lag(committed)  # before any build of this step moves the strong drafter
+        strong = self.inner.loop.strong
+        seen = strong.committed_length if strong is not None else 0
         tree, records = self.inner.build(committed, record=True)
         self.step_rows, self.real = [], None
         if self.step % self.every == 0:
@@ -230,6 +232,8 @@ class ProbingMethod(Method):
                     self.step_rows.append({**row, "step": self.step, "features": record.features.tolist(),
                                            "history": history, LAG_COLUMN: lag, "preview": list(record.preview),
                                            "real_call": record.called})
+            if strong is not None:  # the probes' catch-up is not the real policy's: it pays its own, if it calls
+                strong.rewind(seen)
             tree, _ = self.inner.build(committed)  # the real tree again: the strong cache must hold its rows
         real = Outcome.of_build(0, tree, records)
         self.real = real if self.step % self.every == 0 else None  # a probed step's rows take its outcome
