@@ -187,15 +187,20 @@ def test_probing_decoder_stays_lossless(tiny_self_pair, cost_file):
     assert probe.rows and all(r["tau_call"] >= 1 and r["tau_skip"] >= 1 for r in probe.rows)
 
 
-def test_the_policy_collecting_keeps_time_on_the_profiles_clock(tiny_self_pair, cost_file):
-    """The step rule driving a collection measures every step at its time under the cost profile: its clock reads
-    the sum of the decoded steps' modelled times, whatever the probes and this machine took."""
+def per_step_collection(tiny_self_pair, cost_file, policy: str):
+    """The tiny pair's pipeline, a per-step probing decoder with ``policy`` driving, and its probing method."""
     drafter, target = tiny_self_pair
     pipeline = Pipeline(target=target, drafter=drafter)
     config = DecodeConfig(method="treegraft", tree=TreeConfig(budget=12, depth=3, top_k=3), max_new_tokens=16,
-                          method_options={"policy": "step"})
-    decoder, probe = probing_decoder(pipeline, CollectSettings(PAIR, "fp32", config, decide="step"),
-                                     load_cost_profile(cost_file[0]))
+                          method_options={"policy": policy})
+    return pipeline, *probing_decoder(pipeline, CollectSettings(PAIR, "fp32", config, decide="step"),
+                                      load_cost_profile(cost_file[0]))
+
+
+def test_the_policy_collecting_keeps_time_on_the_profiles_clock(tiny_self_pair, cost_file):
+    """The step rule driving a collection measures every step at its time under the cost profile: its clock reads
+    the sum of the decoded steps' modelled times, whatever the probes and this machine took."""
+    pipeline, decoder, probe = per_step_collection(tiny_self_pair, cost_file, "step")
     generation = decoder.generate(pipeline.encode_chat([{"role": "user", "content": "abcabcabc abc"}]))
     rows = probe.labelled_rows()
     assert len(rows) == len(generation.steps)  # a row per decoded step: every step could call at layer 1
@@ -210,12 +215,7 @@ def test_rollouts_record_the_features_the_policy_decided_on(tiny_self_pair, cost
     seen = []
     choose = StepRule.choose
     monkeypatch.setattr(StepRule, "choose", lambda rule, state: seen.append(features(state).tolist()) or choose(rule, state))
-    drafter, target = tiny_self_pair
-    pipeline = Pipeline(target=target, drafter=drafter)
-    config = DecodeConfig(method="treegraft", tree=TreeConfig(budget=12, depth=3, top_k=3), max_new_tokens=16,
-                          method_options={"policy": "step"})
-    decoder, probe = probing_decoder(pipeline, CollectSettings(PAIR, "fp32", config, decide="step"),
-                                     load_cost_profile(cost_file[0]))
+    pipeline, decoder, probe = per_step_collection(tiny_self_pair, cost_file, "step")
     decoder.generate(pipeline.encode_chat([{"role": "user", "content": "abcabcabc abc"}]))
     rows = probe.labelled_rows()
     leaf = FEATURE_NAMES.index("frontier_leaf_share")
@@ -225,15 +225,10 @@ def test_rollouts_record_the_features_the_policy_decided_on(tiny_self_pair, cost
 
 def test_probes_leave_the_strong_drafter_where_the_real_policy_left_it(tiny_self_pair, cost_file):
     """Probes call the strong drafter; a policy that never calls must still see its lag grow step after step."""
-    drafter, target = tiny_self_pair
-    pipeline = Pipeline(target=target, drafter=drafter)
-    config = DecodeConfig(method="treegraft", tree=TreeConfig(budget=12, depth=3, top_k=3), max_new_tokens=16,
-                          method_options={"policy": "all-small"})
-    decoder, probe = probing_decoder(pipeline, CollectSettings(PAIR, "fp32", config, decide="step"),
-                                     load_cost_profile(cost_file[0]))
+    pipeline, decoder, probe = per_step_collection(tiny_self_pair, cost_file, "all-small")
     prompt = pipeline.encode_chat([{"role": "user", "content": "abcabcabc abc"}])
     generation = decoder.generate(prompt)
-    assert generation.output_ids == reference_greedy(target, prompt, 16)
+    assert generation.output_ids == reference_greedy(pipeline.target, prompt, 16)
     lags = [row[LAG_COLUMN] for row in probe.labelled_rows()]
     assert len(lags) > 1 and lags[0] == prompt.numel() + 1  # the prompt and the first root
     assert all(later > earlier for earlier, later in zip(lags, lags[1:], strict=False))
