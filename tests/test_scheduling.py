@@ -232,6 +232,11 @@ def test_probes_leave_the_strong_drafter_where_the_real_policy_left_it(tiny_self
     lags = [row[LAG_COLUMN] for row in probe.labelled_rows()]
     assert len(lags) > 1 and lags[0] == prompt.numel() + 1  # the prompt and the first root
     assert all(later > earlier for earlier, later in zip(lags, lags[1:], strict=False))
+    # a policy that calls at every step catches the drafter up itself: after the first step it lags by a few tokens
+    pipeline, decoder, probe = per_step_collection(tiny_self_pair, cost_file, "all-mid")
+    decoder.generate(prompt)
+    rows = probe.labelled_rows()
+    assert len(rows) > 1 and all(row[LAG_COLUMN] < row["context_length"] for row in rows[1:])
 
 
 def test_a_step_drafted_again_gives_the_same_tree(tiny_self_pair):
@@ -473,7 +478,13 @@ def test_extended_features_are_collected_distilled_and_decided_with(rollouts, tm
     assert all(len(r["preview"]) == len(PREVIEW_FEATURE_NAMES) for r in table)
     # the strong drafter has forwarded nothing before a generation's first step: it lags by all of the context
     assert all(r["strong_lag"] == r["context_length"] for r in table if r["step"] == 0)
-    assert any(r["strong_lag"] < r["context_length"] for r in table)
+    # and it catches up only when the real policy calls (the probes' calls are rewound)
+    for generation in {(r["key"], r["turn"]) for r in table}:
+        steps = {r["step"]: r for r in table if (r["key"], r["turn"]) == generation}  # a step's rows share both
+        called = False
+        for step in sorted(steps):
+            assert (steps[step]["strong_lag"] < steps[step]["context_length"]) == called
+            called = called or steps[step]["calls_real"] > 0
     artifact = tmp_path / "extended.json"
     line = invoke(["distill", "--rollouts", str(out), "--out", str(artifact), "--epochs", "20", "--features", "extended"])
     assert line["held_out"]["rows"] > 0

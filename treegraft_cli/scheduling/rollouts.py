@@ -49,7 +49,10 @@ warm-up measures at run time; the labels' modelled times use the real context le
 
 Layers where a call is impossible (no grafting position) give no row. The features of the row are the
 real build's features at ℓ, which equal the counterfactual builds' (same forced prefix, deterministic).
-After probing, the real tree is built once more, so the strong drafter's cache rows match the tree the
+After probing, the strong drafter is rewound to the committed text it had forwarded before the step
+(``TreeDrafter.rewind``): a probe's call catches it up on text the real policy may never have paid to forward,
+and without the rewind the rows would show a lag of a few tokens where decoding on its own meets the whole
+prompt's. Then the real tree is built once more, so the strong drafter's cache rows match the tree the
 engine verifies and commits: decoding stays lossless and the trajectory is the real policy's.
 
 The policy that drives decoding keeps time on a modelled clock (``ModelledClock``): each decoded step advances it
