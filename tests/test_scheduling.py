@@ -14,6 +14,7 @@ from conftest import reference_greedy
 from test_sampling_methods import learned_artifact
 from typer.testing import CliRunner
 
+from treegraft_cli.bench.suites import Question
 from treegraft_cli.cli import app
 from treegraft_cli.config import DecodeConfig, TreeConfig
 from treegraft_cli.errors import ConfigError
@@ -38,7 +39,7 @@ from treegraft_cli.scheduling.policies import (
 )
 from treegraft_cli.scheduling.registry import LEARNED, make_policy
 from treegraft_cli.scheduling.replay import price
-from treegraft_cli.scheduling.rollouts import CollectSettings, probing_decoder
+from treegraft_cli.scheduling.rollouts import CollectSettings, collect_question, probing_decoder
 from treegraft_cli.scheduling.shards import read_rollouts
 from treegraft_cli.scheduling.step_rule import LearnedLayerRule, LearnedStepRule, StepRule
 from treegraft_cli.scheduling.values import CATCH_UP_HORIZON, LAG_COLUMN, MAX_LAG
@@ -237,6 +238,21 @@ def test_probes_leave_the_strong_drafter_where_the_real_policy_left_it(tiny_self
     decoder.generate(prompt)
     rows = probe.labelled_rows()
     assert len(rows) > 1 and all(row[LAG_COLUMN] < row["context_length"] for row in rows[1:])
+
+
+def test_every_question_is_collected_from_a_fresh_policy(tiny_self_pair, cost_file, monkeypatch):
+    """What the rule measured on one question does not decide the next one's steps, as in ``bench``'s default."""
+    decided = []  # (the rule, its measured ms) at each decision
+    choose = StepRule.choose
+    monkeypatch.setattr(StepRule, "choose", lambda rule, state: decided.append((rule, rule.ms)) or choose(rule, state))
+    pipeline, decoder, probe = per_step_collection(tiny_self_pair, cost_file, "step")
+    firsts = []
+    for number, text in enumerate(("abcabcabc abc", "xyz xyz xy")):
+        firsts.append(len(decided))
+        collect_question(pipeline, decoder, probe, Question("prompts", number, "", (text,)), f"prompts-{number}")
+    first_rule, second_rule = decided[firsts[0]][0], decided[firsts[1]][0]
+    assert decided[firsts[1] - 1][1] > 0  # the first question's rule had measured its steps
+    assert second_rule is not first_rule and decided[firsts[1]][1] == 0.0
 
 
 def test_a_step_drafted_again_gives_the_same_tree(tiny_self_pair):

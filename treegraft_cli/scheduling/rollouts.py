@@ -62,6 +62,12 @@ times (for what it has not yet measured) with this machine's wall time: collecte
 hardware, the step rule never tried a step kind the profile priced too high for this machine's rate. On the
 modelled clock it decides as it would on the profile's hardware, whatever machine collects, and a collection does
 not depend on how busy the machine was.
+
+Each question starts from a fresh policy (``Method.reset``), as ``bench`` decodes by default: what a rule measured
+on the questions before (its τ of each step kind, R, the catch-up's price per token) would otherwise decide the
+first steps of the next. A rule that had found strong steps not worth their catch-up on one question kept the
+strong drafter idle through the next ones, and the rows showed lags of hundreds of tokens that decoding meets
+only at a question's first step.
 """
 
 from __future__ import annotations
@@ -335,6 +341,9 @@ class ProbingMethod(Method):
         self.clock.advance(self.real_ms)  # before the policy reads the step's time
         self.inner.observe(observation)
 
+    def reset(self) -> None:
+        self.inner.reset()
+
     def drafter_calls(self) -> dict[str, int]:
         return self.inner.drafter_calls()
 
@@ -448,7 +457,8 @@ def _collect_claimed(pipeline: Pipeline, decoder: SpeculativeDecoder, probe: Pro
 
 
 def collect_question(pipeline: Pipeline, decoder: SpeculativeDecoder, probe: ProbingMethod, question, key: str) -> list[dict]:
-    """Every turn of one question as one conversation; rows carry the prompt's identity."""
+    """Every turn of one question as one conversation, from a fresh policy; rows carry the prompt's identity."""
+    decoder.method.reset()
     answers: list[str] = []
     rows: list[dict[str, Any]] = []
     for turn in range(len(question.turns)):
