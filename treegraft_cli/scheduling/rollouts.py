@@ -23,10 +23,11 @@ and a scheduler would learn to call less than is worth it. Rollouts collected be
 are priced at 2·K a call.
 
 lag is what the strong drafter has not forwarded of the committed text when the step is decided (its first
-call catches up on it); s(lag) = 1 up to ``MAX_LAG`` tokens, 1/``CATCH_UP_HORIZON`` beyond (the prompt: an
-investment the strong steps after it share), as the step rule prices it (``values.catch_up_share``). Without
-it a strong call looks as cheap after twenty weak steps, or before the prompt was ever forwarded, as right
-after another call, and a scheduler learns to call where the step rule, which measures, does not.
+call catches up on it); s(lag) = 1/``CATCH_UP_HORIZON`` (``values.catch_up_share``): the next call forwards those
+tokens whenever it comes, so calling now moves that work rather than adding it, and the step pays a share, as the
+step rule pays for a prompt's catch-up. Charged in full, a lag made every call after a few weak steps look dear,
+and a scheduler learned to stop calling once it had skipped; charged nothing, a call after the prompt would look
+as cheap as one right after another call.
     running rate   R   = Σ τ_real / Σ T_real over the generation's probed steps, under π
     value          V_x = τ_x − R · T_x                                   (tokens)
     label          margin = V_call − V_skip = (τ_call − τ_skip) − R · (T_call − T_skip)

@@ -14,17 +14,24 @@ import torch
 REAL_COLUMNS = ("tau_real", "nodes_real", "calls_real", "weak_real")
 LAG_COLUMN = "strong_lag"  # committed tokens the strong drafter had not forwarded when the step was decided
 
-# A strong call first forwards what the strong drafter has not seen of the committed text. Up to MAX_LAG tokens
-# (the steps since its last call) that is part of the step's price. More (the prompt, at a generation's first
-# call) is an investment the strong steps after it share: about CATCH_UP_HORIZON of them, so the step pays that
-# share. ``step_rule.StepRule`` prices a catch-up the same way.
+# A strong call first forwards what the strong drafter has not seen of the committed text: the tokens since its last
+# call, or the prompt at a generation's first call. ``step_rule.StepRule`` pays up to MAX_LAG of them as part of a
+# step's time and prices more as an investment about CATCH_UP_HORIZON later strong steps share.
 MAX_LAG = 64
 CATCH_UP_HORIZON = 8.0
 
 
 def catch_up_share(lag: int) -> float:
-    """The share of a strong call's catch-up time (forwarding ``lag`` unseen committed tokens) its step pays."""
-    return 1.0 if lag <= MAX_LAG else 1.0 / CATCH_UP_HORIZON
+    """The share of a strong call's catch-up time (forwarding ``lag`` unseen committed tokens) a label charges its step.
+
+    1/``CATCH_UP_HORIZON`` whatever the lag. Every committed token is forwarded before the strong drafter's next
+    call, whenever that comes, and a forward's time grows about linearly with its tokens: calling now or later moves
+    that work, it does not add to it. What calling now changes is that the strong steps after it start from a short
+    lag; a step's label sees only its own step, so it is charged a share, as the step rule charges a prompt's
+    catch-up. Charged in full, a lag made calling look dearer after every weak step, so a scheduler learned to stop
+    calling once it had skipped a few steps, and the lag only grew: the rows held a cliff at MAX_LAG, beyond which
+    calling was priced at an eighth again."""
+    return 1.0 / CATCH_UP_HORIZON
 
 
 def running_rates(
