@@ -126,9 +126,9 @@ def test_a_strong_step_pays_for_catching_up_on_the_text_its_drafter_has_not_seen
                           target_ms=((2.0, 2.0, 2.0),), drafter_ms=((1.0, 1.0, 2.0),))
     assert profile.step_ms(3, 2, 0, 3, 10, lag=0) == pytest.approx(2.0 + 2 * 1.0)
     assert profile.step_ms(3, 0, 2, 3, 10, lag=40) == pytest.approx(2.0)  # a weak step catches up on nothing
-    assert profile.step_ms(3, 2, 0, 3, 10, lag=4) == pytest.approx(2.0 + 2 * 1.0 + 4 * 0.25)  # paid in full
-    lag = MAX_LAG + 16  # the prompt: the step pays its share of an investment the later strong steps share
-    assert profile.step_ms(3, 1, 0, 3, 10, lag=lag) == pytest.approx(2.0 + 1.0 + lag * 0.25 / CATCH_UP_HORIZON)
+    # the tokens since the last call, or the prompt: the step pays its share of work the next call would do anyway
+    for lag in (4, MAX_LAG, MAX_LAG + 16):
+        assert profile.step_ms(3, 1, 0, 3, 10, lag=lag) == pytest.approx(2.0 + 1.0 + lag * 0.25 / CATCH_UP_HORIZON)
     with pytest.raises(ConfigError, match="non-positive"):
         CostProfile(pair="p", device="cpu", dtype="fp32", tree_tokens=(1,), contexts=(10,), target_ms=((0.0,),))
 
@@ -137,12 +137,12 @@ def test_each_strong_call_is_priced_at_the_nodes_it_forwarded():
     # drafter: 1 ms for one token, +0.25 ms per token after it
     profile = CostProfile(pair="p", device="cpu", dtype="fp32", tree_tokens=(1, 9), contexts=(10,),
                           target_ms=((2.0, 2.0),), drafter_ms=((1.0, 3.0),))
-    # a call from the root forwards the pending tokens alone (lag 3), the next two forward 4 and 8 nodes
+    # a call from the root forwards the pending tokens alone (lag 3, its share charged), the next two 4 and 8 nodes
     assert profile.step_ms(3, 3, 1, 4, 10, lag=3, forwarded=(0, 4, 8)) == pytest.approx(
-        2.0 + (1.0 + 2 * 0.25) + (1.0 + 3 * 0.25) + (1.0 + 7 * 0.25))
+        2.0 + (1.0 + 2 * 0.25 / CATCH_UP_HORIZON) + (1.0 + 3 * 0.25) + (1.0 + 7 * 0.25))
     assert profile.step_ms(3, 1, 0, 4, 10, lag=0, forwarded=(0,)) == pytest.approx(2.0 + 1.0)  # at least one token
     # without the counts (older rollouts) every call forwards 2·K = 8 nodes, the lag on top of the first
-    assert profile.step_ms(3, 2, 0, 4, 10, lag=3) == pytest.approx(2.0 + 2 * (1.0 + 7 * 0.25) + 3 * 0.25)
+    assert profile.step_ms(3, 2, 0, 4, 10, lag=3) == pytest.approx(2.0 + 2 * (1.0 + 7 * 0.25) + 3 * 0.25 / CATCH_UP_HORIZON)
 
 
 def test_features_on_a_hand_built_tree():
@@ -451,15 +451,20 @@ def test_a_profile_finds_its_shipped_scheduler_beside_it(tmp_path, monkeypatch):
 
 
 def test_the_qwen_pairs_profile_ships_a_scheduler_priced_under_its_shipped_cost_profile():
-    """The bundled per-step scheduler loads, was distilled for the profile's pair under the shipped bf16 CPU cost
-    profile (same identity); ``treegraft`` decides with the step rule there and ``treegraft:learned`` with it."""
+    """The bundled per-step scheduler loads, was distilled for the profile's pair under the shipped Zen 5 bf16 cost
+    profile (same identity) and also priced under the other shipped profiles of the pair, so its cost features
+    varied; ``treegraft`` decides with the step rule there and ``treegraft:learned`` with it."""
     profile = load_profile("qwen2.5-coder-0.5b--1.5b")
     options = TreeGraftConfig(**profile.method_options["treegraft"])
     scheduler = load_scheduler(options.scheduler)
-    costs = load_cost_profile(profiles_dir() / "costs" / "qwen2.5-coder-0.5b--1.5b-cpu-bf16.yaml")
+    costs_dir = profiles_dir() / "costs"
+    costs = load_cost_profile(costs_dir / "qwen2.5-coder-0.5b--1.5b-zen5-bf16.yaml")
+    others = {load_cost_profile(costs_dir / f"qwen2.5-coder-0.5b--1.5b-{name}.yaml").identity
+              for name in ("cpu-bf16", "cpu-fp32", "a100-published")}
     assert scheduler.cost_profile["pair"] == profile.pair == costs.pair
     assert scheduler.cost_profile["identity"] == costs.identity
-    assert scheduler.decides == "step" and scheduler.feature_set == "paper" and options.min_margin == 1.0
+    assert set(scheduler.cost_profile["also_priced_under"]) == others
+    assert scheduler.decides == "step" and scheduler.feature_set == "extended" and options.min_margin == 0.0
     assert TreeGraftMethod.policy_spec(options) == "step"
     learned = dataclasses.replace(options, **TreeGraftMethod.options_from_argument(LEARNED))
     assert isinstance(make_policy(TreeGraftMethod.policy_spec(learned), learned), LearnedStepRule)
