@@ -35,7 +35,7 @@ import yaml
 from ..atomic import atomic_write_text
 from ..errors import ConfigError
 from .policies import CostModel, interpolate
-from .values import catch_up_share
+from .values import CATCH_UP_SHARE
 
 KIND = "treegraft-cost-profile"
 FIX = "write it with `treegraft profile --out FILE`"
@@ -91,13 +91,13 @@ class CostProfile:
 
         ``forwarded``: the tree nodes each strong call forwarded (``strong_calls`` counts); None, for rollouts that
         did not count them: 2·K a call. The step's first strong call also forwards the ``lag`` committed tokens the
-        strong drafter has not seen (``values.catch_up_share`` of the time they add is charged to the step)."""
+        strong drafter has not seen (``values.CATCH_UP_SHARE`` of the time they add is charged to the step)."""
         calls = [2 * width] * strong_calls if forwarded is None else list(forwarded)
         strong = sum(self.drafter_forward_ms(max(1, nodes), context) for nodes in calls)
         if calls and lag > 0:
             first = calls[0]
             extra = self.drafter_forward_ms(first + lag, context) - self.drafter_forward_ms(max(1, first), context)
-            strong += catch_up_share(lag) * max(0.0, extra)
+            strong += CATCH_UP_SHARE * max(0.0, extra)
         return self.target_forward_ms(tree_tokens, context) + strong + weak_layers * float(self.host_ms.get("ngram", 0.0))
 
 

@@ -12,7 +12,7 @@ is never touched) and walked greedily, giving τ_x = accepted tokens + the bonus
 outcome (its τ, nodes, calls, weak layers and the nodes each call forwarded) is kept with the step's rows.
 
     modelled time  T_x = verify_ms(tree nodes + root, context) + Σ_calls strong_ms(m_c, context)
-                         + [calls_x > 0] · s(lag) · (strong_ms(m_1 + lag, context) − strong_ms(m_1, context))
+                         + [calls_x > 0] · s · (strong_ms(m_1 + lag, context) − strong_ms(m_1, context))
                          + weak_layers_x · ngram_ms                      (all from the cost profile)
 
 m_c is the number of tree nodes call c forwarded (``LayerRecord.forwarded``): none for a call from the root,
@@ -23,7 +23,7 @@ and a scheduler would learn to call less than is worth it. Rollouts collected be
 are priced at 2·K a call.
 
 lag is what the strong drafter has not forwarded of the committed text when the step is decided (its first
-call catches up on it); s(lag) = 1/``CATCH_UP_HORIZON`` (``values.catch_up_share``): the next call forwards those
+call catches up on it); s = ``values.CATCH_UP_SHARE`` (1/``CATCH_UP_HORIZON``): the next call forwards those
 tokens whenever it comes, so calling now moves that work rather than adding it, and the step pays a share, as the
 step rule pays for a prompt's catch-up. Charged in full, a lag made every call after a few weak steps look dear,
 and a scheduler learned to stop calling once it had skipped; charged nothing, a call after the prompt would look
@@ -66,9 +66,7 @@ not depend on how busy the machine was.
 
 Each question starts from a fresh policy (``Method.reset``), as ``bench`` decodes by default: what a rule measured
 on the questions before (its τ of each step kind, R, the catch-up's price per token) would otherwise decide the
-first steps of the next. A rule that had found strong steps not worth their catch-up on one question kept the
-strong drafter idle through the next ones, and the rows showed lags of hundreds of tokens that decoding meets
-only at a question's first step.
+first steps of the next, and the rows would show states that decoding a question on its own never meets.
 """
 
 from __future__ import annotations

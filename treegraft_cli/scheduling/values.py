@@ -21,17 +21,13 @@ MAX_LAG = 64
 CATCH_UP_HORIZON = 8.0
 
 
-def catch_up_share(lag: int) -> float:
-    """The share of a strong call's catch-up time (forwarding ``lag`` unseen committed tokens) a label charges its step.
-
-    1/``CATCH_UP_HORIZON`` whatever the lag. Every committed token is forwarded before the strong drafter's next
-    call, whenever that comes, and a forward's time grows about linearly with its tokens: calling now or later moves
-    that work, it does not add to it. What calling now changes is that the strong steps after it start from a short
-    lag; a step's label sees only its own step, so it is charged a share, as the step rule charges a prompt's
-    catch-up. Charged in full, a lag made calling look dearer after every weak step, so a scheduler learned to stop
-    calling once it had skipped a few steps, and the lag only grew: the rows held a cliff at MAX_LAG, beyond which
-    calling was priced at an eighth again."""
-    return 1.0 / CATCH_UP_HORIZON
+# The share of a strong call's catch-up time (forwarding the unseen committed tokens) a label charges its step, whatever
+# the lag. Every committed token is forwarded before the strong drafter's next call, whenever that comes, and a
+# forward's time grows about linearly with its tokens: calling now or later moves that work, it does not add to it.
+# What calling now changes is that the strong steps after it start from a short lag; a step's label sees only its own
+# step, so it is charged a share, as the step rule charges a prompt's catch-up. Charged in full up to MAX_LAG, a lag
+# made calling look dearer after every weak step, and a scheduler learned to stop calling once it had skipped a few.
+CATCH_UP_SHARE = 1.0 / CATCH_UP_HORIZON
 
 
 def running_rates(
