@@ -24,6 +24,7 @@ from treegraft_cli.pipeline import Pipeline
 from treegraft_cli.profiles import load_profile, profiles_dir
 from treegraft_cli.scheduling.artifact import load_scheduler
 from treegraft_cli.scheduling.cost_profile import CostProfile, load_cost_profile, save_cost_profile
+from treegraft_cli.scheduling.distill import Decisions, DistillSettings, fit
 from treegraft_cli.scheduling.history import StepHistory
 from treegraft_cli.scheduling.options import TreeGraftConfig
 from treegraft_cli.scheduling.policies import (
@@ -288,6 +289,22 @@ def test_collect_writes_labelled_shards(rollouts):
     rate = sum(r["tau_real"] for r in steps.values()) / sum(r["ms_real"] for r in steps.values())
     assert all(r["rate"] == pytest.approx(rate, rel=1e-5) for r in generation)
     assert all(r["tau_real"] >= 1 and r["nodes_real"] >= 0 for r in generation)
+
+
+def test_a_huber_fit_keeps_the_sign_a_few_outlying_labels_would_flip():
+    """Nineteen states where calling gains half a token, one where it lost 50 (a catch-up priced on a long article):
+    squared error fits their mean, below 0; the Huber loss keeps what most of them say."""
+    gen = torch.Generator().manual_seed(0)
+    features = torch.cat([torch.zeros(20, 1), torch.ones(20, 1)]) + 0.01 * torch.randn(40, 1, generator=gen)
+    value_call = torch.cat([torch.full((19,), 0.5), torch.tensor([-50.0]), torch.full((20,), -0.5)])
+    decisions = Decisions(features, value_call, torch.zeros(40), [f"p{i}" for i in range(40)])
+
+    def margin_at_zero(huber_delta: float) -> float:
+        mlp, normaliser = fit(decisions, DistillSettings(epochs=400, huber_delta=huber_delta))
+        with torch.no_grad():
+            return float(normaliser.margins(mlp(normaliser.inputs(torch.zeros(1, 1))).squeeze(-1)))
+
+    assert margin_at_zero(0.0) < 0 < margin_at_zero(DistillSettings.huber_delta)
 
 
 def test_distill_artifact_loads_and_decides(rollouts, cost_file, tmp_path, tiny_self_pair):

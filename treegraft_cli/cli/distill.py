@@ -36,10 +36,11 @@ def distill(
     folds: Annotated[int, typer.Option("--folds", help="K > 1: K-fold cross-validation over prompts for the report (the artifact then fits every prompt).")] = 0,
     cost: Annotated[list[Path] | None, typer.Option("--cost", help="Extra cost profile(s) to re-price the rollouts under (hardware-aware training).")] = None,
     features: Annotated[str, typer.Option("--features", help=f"Feature set: {' | '.join(FEATURE_SETS)} (extended adds what the recent steps measured).")] = "paper",
+    huber_delta: Annotated[float, typer.Option("--huber-delta", help="Huber loss threshold on standardised margins (0: squared error).")] = DistillSettings.huber_delta,
 ) -> None:
     """Fit the features→64→32→1 MLP to the value margins; held-out sign accuracy and regret; write the artifact."""
-    if not 0 < holdout < 1 or epochs < 1 or folds < 0 or folds == 1:
-        raise typer.BadParameter("--holdout in (0, 1), --epochs >= 1 and --folds 0 (one split) or >= 2")
+    if not 0 < holdout < 1 or epochs < 1 or folds < 0 or folds == 1 or huber_delta < 0:
+        raise typer.BadParameter("--holdout in (0, 1), --epochs >= 1, --folds 0 (one split) or >= 2, --huber-delta >= 0")
     if features not in FEATURE_SETS:
         raise typer.BadParameter(f"--features must be one of {', '.join(FEATURE_SETS)}")
     ensure_writable_dir(out.parent)
@@ -49,7 +50,8 @@ def distill(
     extra = [load_cost_profile(path) for path in cost or ()]
     identity = {"identity": costs.identity, "device": costs.device, "dtype": costs.dtype, "pair": costs.pair,
                 "also_priced_under": [p.identity for p in extra]}
-    settings = DistillSettings(holdout=holdout, epochs=epochs, seed=seed, feature_set=features, folds=folds)
+    settings = DistillSettings(holdout=holdout, epochs=epochs, seed=seed, feature_set=features, folds=folds,
+                               huber_delta=huber_delta)
     decide = settings_doc.get("decide", "layer")
     full_layers = parse_layers(settings_doc.get("method_options", {}).get("layers", ()))
     scheduler = run_distill(tables, settings_doc["tree"], [costs, *extra], settings, identity, [str(r) for r in rollouts],
