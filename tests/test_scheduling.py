@@ -38,7 +38,7 @@ from treegraft_cli.scheduling.policies import (
     features,
     preview_features,
 )
-from treegraft_cli.scheduling.registry import make_policy
+from treegraft_cli.scheduling.registry import LEARNED, make_policy
 from treegraft_cli.scheduling.replay import price
 from treegraft_cli.scheduling.rollouts import CollectSettings, collect_question, probing_decoder
 from treegraft_cli.scheduling.shards import read_rollouts
@@ -470,7 +470,7 @@ def test_a_profile_finds_its_shipped_scheduler_beside_it(tmp_path, monkeypatch):
 def test_the_qwen_pairs_profile_ships_a_scheduler_priced_under_its_shipped_cost_profile():
     """The bundled per-step scheduler loads, was distilled for the profile's pair under the shipped Zen 5 bf16 cost
     profile (same identity) and also priced under the other shipped profiles of the pair, so its cost features
-    varied; ``treegraft`` decides with it there and ``treegraft:step`` with the step rule."""
+    varied; ``treegraft`` decides with the step rule there and ``treegraft:learned`` with it."""
     profile = load_profile("qwen2.5-coder-0.5b--1.5b")
     options = TreeGraftConfig(**profile.method_options["treegraft"])
     scheduler = load_scheduler(options.scheduler)
@@ -482,9 +482,9 @@ def test_the_qwen_pairs_profile_ships_a_scheduler_priced_under_its_shipped_cost_
     assert scheduler.cost_profile["identity"] == costs.identity
     assert set(scheduler.cost_profile["also_priced_under"]) == others
     assert scheduler.decides == "step" and scheduler.feature_set == "extended" and options.min_margin == 0.0
-    assert isinstance(make_policy(TreeGraftMethod.policy_spec(options), options), LearnedStepRule)
-    rule = dataclasses.replace(options, **TreeGraftMethod.options_from_argument("step"))  # treegraft:step
-    assert type(make_policy(TreeGraftMethod.policy_spec(rule), rule)) is StepRule
+    assert TreeGraftMethod.policy_spec(options) == "step"
+    learned = dataclasses.replace(options, **TreeGraftMethod.options_from_argument(LEARNED))  # treegraft:learned
+    assert isinstance(make_policy(TreeGraftMethod.policy_spec(learned), learned), LearnedStepRule)
 
 
 def test_step_history_by_hand():
