@@ -591,6 +591,33 @@ def test_step_rule_does_not_interrupt_a_copy_to_explore_a_kind_that_cannot_win()
     assert rule.decide(root_state(weak=confident))
 
 
+def test_step_rule_waits_longer_to_explore_a_kind_each_time_exploring_it_lost():
+    """Strong steps of τ 2 in 600 ms against copies of τ 4 in 300 ms: each exploration loses, so the waits between
+    them double from ``explore`` up to ``explore_limit``; one that wins resets the wait."""
+    clock = FakeClock()
+    rule = StepRule(call_budget=5, hit_rate=0.8, short_layers=(), explore=2, explore_upside=100.0, explore_limit=8,
+                    strong_decay=0.0, clock=clock)
+    confident = WeakPreview(torch.tensor([0]), torch.full((1, 8), math.log(0.95)), torch.arange(1, 9)[None])
+    copy = DraftTree.from_root(0)
+    for depth in range(8):
+        copy.add_children(torch.tensor([depth]), torch.tensor([depth + 1]), torch.tensor([-0.05 * (depth + 1)]), ORIGIN_NGRAM)
+
+    def strong_steps(count: int, strong_tau: int) -> list[int]:  # the steps that called
+        called = []
+        for step in range(count):
+            strong = rule.decide(root_state(weak=confident))
+            clock.now += (600.0 if strong else 300.0) / 1000.0
+            tau = strong_tau if strong else 4
+            rule.observe(strong_chain(8) if strong else copy, torch.arange(tau), torch.arange(1, tau + 1))
+            called += [step] if strong else []
+        return called
+
+    assert strong_steps(30, 2) == [2, 7, 16, 25]  # the copies win from the first step; waits of 2, 4, 8, 8 steps
+    assert rule.kinds["full"].backoff == 4
+    strong_steps(9, 9)  # the next exploration finds τ 9 in 600 ms, which beats the copies: chosen on its value
+    assert rule.kinds["full"].backoff == 1 and rule.choice is rule.kinds["full"]
+
+
 def test_chain_tokens_are_scored_where_the_ngram_matched(tiny_self_pair):
     drafter, target = tiny_self_pair
     models = Models(CausalLM(target.model), CausalLM(drafter.model), 256)

@@ -61,7 +61,11 @@ right for long stretches (code), the n-gram chains where the text copies its con
 long-context QA), and a long context that slows verification shows in T. So that each τ keeps
 tracking the text, a strong kind not chosen for ``explore`` steps is chosen next, unless it would
 catch up on the prompt or could not win even at ``explore_upside`` times its τ (a weak step that
-copies whole chains is not interrupted to re-measure strong steps that cannot beat it). T is wall
+copies whole chains is not interrupted to re-measure strong steps that cannot beat it). An exploration
+that did not make its kind the best choice at the next decision doubles that kind's wait, up to
+``explore_limit`` steps; one that did resets it to ``explore``. Where strong steps keep losing (a
+drafter that costs much of a target forward, text the n-gram chains copy) the rule then spends
+ever fewer steps re-measuring them; where they win, it measures them as often as before. T is wall
 time, so two runs may decide differently; what they output does not differ, every tree is verified.
 Tests pass a fake ``clock``.
 """
@@ -180,6 +184,7 @@ class StepKind:
     modelled: float = 0.0  # exponentially weighted modelled verification ms of its trees (divide by ``weight``)
     weight: float = 0.0
     idle: int = 0  # steps since this kind was last chosen
+    backoff: int = 1  # its explorations wait ``explore`` times this many steps (doubled by each one that lost)
 
     def mean_ms(self, otherwise: float) -> float:
         return self.ms / self.weight if self.weight > 0 else otherwise
@@ -215,6 +220,7 @@ class StepRule(CallPolicy):
         short_layers: tuple[int, ...] = (1,),  # a short strong step's; () = no short steps
         explore: int = 8,
         explore_upside: float = 2.0,
+        explore_limit: int = 64,
         max_lag: int = MAX_LAG,
         catch_up_horizon: float = CATCH_UP_HORIZON,
         strong_decay: float = 0.8,
@@ -229,6 +235,9 @@ class StepRule(CallPolicy):
         self.hit_rate = hit_rate
         self.explore = explore
         self.explore_upside = explore_upside
+        self.explore_limit = explore_limit
+        self.exploring: StepKind | None = None  # the kind this step explores, if it does
+        self.explored: StepKind | None = None  # the kind the last verified step explored, until the next decision
         self.max_lag = max_lag
         self.catch_up_horizon = catch_up_horizon
         self.catch_up_ms_per_token = 0.0  # measured on the catch-up steps
@@ -279,6 +288,7 @@ class StepRule(CallPolicy):
 
     def choose(self, state: SchedulerState) -> StepKind:
         kinds = self.step_kinds(state.num_layers)
+        self.exploring = None
         self.preview = state.weak
         self.estimate, weak_nodes = self.weak_estimate(state)
         catch_up = state.strong_lag > self.max_lag
@@ -298,11 +308,32 @@ class StepRule(CallPolicy):
             return kinds["full"]
         values = {name: taus[name] - rate * times[name] for name in taus}
         best = max(values, key=values.get)
-        stale = max(strong, key=lambda kind: kind.idle)
-        upside = self.explore_upside * self.strong_tau(stale) - rate * times[stale.name]
-        if stale.idle >= self.explore and not catch_up and upside > values[best]:
-            return stale
+        self.judge_exploration(best)
+        due = [kind for kind in strong if kind.idle >= self.explore_interval(kind)]
+        if due and not catch_up:
+            stale = max(due, key=lambda kind: kind.idle)
+            upside = self.explore_upside * self.strong_tau(stale) - rate * times[stale.name]
+            if upside > values[best]:
+                self.exploring = stale
+                return stale
         return kinds[best]
+
+    def explore_interval(self, kind: StepKind) -> int:
+        """Steps ``kind`` waits unchosen before it is explored: ``explore`` times its backoff, at most
+        ``explore_limit`` (never below ``explore``)."""
+        return max(self.explore, min(self.explore * kind.backoff, self.explore_limit))
+
+    def judge_exploration(self, best: str) -> None:
+        """After an exploration was verified and measured: its kind waits twice as long before the next one unless
+        the measurement made it the best choice now (``best``, by value), which resets its wait. Judged once: a
+        decision taken again for the same step (``collect`` rebuilds the real tree) finds nothing to judge."""
+        kind, self.explored = self.explored, None
+        if kind is None:
+            return
+        if kind.name == best:
+            kind.backoff = 1
+        elif self.explore * kind.backoff < self.explore_limit:
+            kind.backoff *= 2
 
     def catch_up_cost(self, state: SchedulerState) -> float:
         """Ms per committed token a catch-up call costs: measured; else a strong call's ms times what one more token
@@ -399,6 +430,7 @@ class StepRule(CallPolicy):
             kind.record_time(ms, modelled, self.rate_decay)
         for other in self.kinds.values():
             other.idle = 0 if other is kind else other.idle + 1
+        self.explored, self.exploring = self.exploring, None
         if kind.layers:
             kind.record_tau(tau, self.strong_decay)
             if self.preview is not None:
