@@ -198,6 +198,15 @@ class StepKind:
         self.tau = tau if self.tau is None else decay * self.tau + (1 - decay) * tau
 
 
+@dataclass(frozen=True)
+class MeasuredValues:
+    """What the rule measured of each kind at a decision: its value τ − R·T (tokens), its time T (ms) and R."""
+
+    values: dict[str, float]
+    times: dict[str, float]
+    rate: float  # tokens per ms
+
+
 def kind_layers(layers: tuple[int, ...], short_layers: tuple[int, ...], num_layers: int) -> dict[str, tuple[int, ...]]:
     """The step kinds and the layers each calls at: weak (none), short (``short_layers``, unless empty or the same
     as full) and full (``layers``, default 1..D−1)."""
@@ -291,29 +300,44 @@ class StepRule(CallPolicy):
         self.exploring = None
         self.preview = state.weak
         self.estimate, weak_nodes = self.weak_estimate(state)
+        measured = self.measured_values(state, weak_nodes)
+        if measured is None:
+            return kinds["full"]
+        best = max(measured.values, key=measured.values.get)
+        return self.explore_or(best, measured, state)
+
+    def measured_values(self, state: SchedulerState, weak_nodes: int) -> MeasuredValues | None:
+        """Each kind's τ − R·T from what this request measured (priors and the cost model where it has not yet);
+        None before any rate, measured or modelled, exists."""
+        kinds = self.step_kinds(state.num_layers)
         catch_up = state.strong_lag > self.max_lag
-        strong = [kind for kind in kinds.values() if kind.layers]
         costs = state.costs
         extra = state.strong_lag * self.catch_up_cost(state) / self.catch_up_horizon if catch_up else 0.0
         taus = {"weak": self.weak_outcomes.expected(self.estimate)}
         times = {"weak": self.weak_ms(costs, weak_nodes, state.budget)}
-        for kind in strong:
-            modelled = costs.verify_at(state.budget, state.budget) + len(kind.layers) * costs.strong_ms
-            times[kind.name] = kind.mean_ms(modelled) + extra
-            taus[kind.name] = self.strong_tau(kind)
+        for kind in kinds.values():
+            if kind.layers:
+                modelled = costs.verify_at(state.budget, state.budget) + len(kind.layers) * costs.strong_ms
+                times[kind.name] = kind.mean_ms(modelled) + extra
+                taus[kind.name] = self.strong_tau(kind)
         # R before any step is measured: the best modelled rate, so the first step takes the kind that
         # promises the most tokens per ms (a catch-up on the prompt priced in) instead of always a full one
         rate = self.rate if self.ms > 0 else max((taus[k] / times[k] for k in taus if times[k] > 0), default=0.0)
         if rate <= 0:
-            return kinds["full"]
+            return None
         values = {name: taus[name] - rate * times[name] for name in taus}
-        best = max(values, key=values.get)
+        return MeasuredValues(values, times, rate)
+
+    def explore_or(self, best: str, measured: MeasuredValues, state: SchedulerState) -> StepKind:
+        """The kind to take: the stalest strong kind whose wait is over, if even ``explore_upside`` times its τ could
+        beat ``best``'s measured value and no catch-up on the prompt is due; else ``best``."""
+        kinds = self.step_kinds(state.num_layers)
         self.judge_exploration(best)
-        due = [kind for kind in strong if kind.idle >= self.explore_interval(kind)]
-        if due and not catch_up:
+        due = [kind for kind in kinds.values() if kind.layers and kind.idle >= self.explore_interval(kind)]
+        if due and state.strong_lag <= self.max_lag:
             stale = max(due, key=lambda kind: kind.idle)
-            upside = self.explore_upside * self.strong_tau(stale) - rate * times[stale.name]
-            if upside > values[best]:
+            upside = self.explore_upside * self.strong_tau(stale) - measured.rate * measured.times[stale.name]
+            if upside > measured.values[best]:
                 self.exploring = stale
                 return stale
         return kinds[best]
@@ -472,7 +496,9 @@ class DistilledRule(StepRule):
 class LearnedStepRule(DistilledRule):
     """A per-step scheduler (``treegraft distill`` of per-step rollouts, ``collect --decide step``) chooses each
     step's kind: the one whose predicted margin over a weak step is largest, a weak step when no margin exceeds
-    ``min_margin`` tokens.
+    ``min_margin`` tokens. Like the rule, it explores a strong kind it has not taken for a while
+    (``StepRule.explore_or``, judged against its own choice): its history features and the rule's measurements
+    only learn what strong steps are worth on this text from the strong steps it takes.
 
     ``margin_fn`` maps ``[features, kind one-hot]`` (``STEP_KIND_NAMES`` order) to V_kind − V_weak.
     """
@@ -481,8 +507,9 @@ class LearnedStepRule(DistilledRule):
 
     def choose(self, state: SchedulerState) -> StepKind:
         kinds = self.step_kinds(state.num_layers)
+        self.exploring = None
         self.preview = state.weak  # the weak estimate and its outcomes stay measured, as the trim reads them
-        self.estimate, _ = self.weak_estimate(state)
+        self.estimate, weak_nodes = self.weak_estimate(state)
         inputs = feature_vector(state, self.feature_set)
         best, best_margin = kinds["weak"], self.min_margin
         for name in STEP_KIND_NAMES:
@@ -490,7 +517,8 @@ class LearnedStepRule(DistilledRule):
                 margin = float(self.margin_fn(torch.cat([inputs, kind_one_hot(name)])))
                 if margin > best_margin:
                     best, best_margin = kinds[name], margin
-        return best
+        measured = self.measured_values(state, weak_nodes)
+        return best if measured is None else self.explore_or(best.name, measured, state)
 
 
 class LearnedLayerRule(DistilledRule):
