@@ -651,3 +651,22 @@ def test_learned_step_rule_explores_the_strong_kinds_it_stopped_taking():
         rule.observe(state.tree, torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
     assert taken == ["weak", "weak", "full", "short", "weak", "weak", "weak", "full"]
     assert rule.kinds["short"].backoff == 2 and rule.kinds["full"].backoff == 2  # full's second one is not judged yet
+
+
+def test_learned_step_rule_explores_the_weak_kind_it_stopped_taking():
+    """A scheduler that always predicts a strong step still takes a weak one when its wait is over, so its history
+    features learn what weak steps reach on this text; having lost, the weak kind waits twice as long."""
+    state = SchedulerState(tree=DraftTree.from_root(0), frontier=torch.zeros(1, dtype=torch.long), window=(0,),
+                           layer=1, num_layers=4, called=(), prompt_length=10, costs=CostModel(40.0, 10.0), width=2,
+                           budget=8)
+    rule = LearnedStepRule(5, 0.8, lambda x: 1.0, layers=(1, 2, 3))
+    rule.explore = 2
+    ticks = iter(range(100))
+    rule.clock = lambda: float(next(ticks))  # a second per step: every kind's value is far below its upside
+    taken = []
+    for _ in range(9):
+        rule.decide(state)
+        taken.append(rule.choice.name)
+        rule.observe(state.tree, torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
+    assert taken == ["short", "short", "weak", "full", "short", "short", "short", "weak", "full"]
+    assert rule.kinds["weak"].backoff == 4  # both weak explorations lost to the scheduler's next choice

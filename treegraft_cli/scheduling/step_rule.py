@@ -200,9 +200,10 @@ class StepKind:
 
 @dataclass(frozen=True)
 class MeasuredValues:
-    """What the rule measured of each kind at a decision: its value τ − R·T (tokens), its time T (ms) and R."""
+    """What the rule measured of each kind at a decision: its value τ − R·T (tokens), its τ, its time T (ms) and R."""
 
     values: dict[str, float]
+    taus: dict[str, float]
     times: dict[str, float]
     rate: float  # tokens per ms
 
@@ -220,6 +221,8 @@ def kind_layers(layers: tuple[int, ...], short_layers: tuple[int, ...], num_laye
 class StepRule(CallPolicy):
     name = "step"
     uses_costs = True
+    # the rule measures what a weak step is worth at every step (its preview, ``WeakOutcomes``), taken or not
+    explores_weak = False
 
     def __init__(
         self,
@@ -326,21 +329,28 @@ class StepRule(CallPolicy):
         if rate <= 0:
             return None
         values = {name: taus[name] - rate * times[name] for name in taus}
-        return MeasuredValues(values, times, rate)
+        return MeasuredValues(values, taus, times, rate)
 
     def explore_or(self, best: str, measured: MeasuredValues, state: SchedulerState) -> StepKind:
-        """The kind to take: the stalest strong kind whose wait is over, if even ``explore_upside`` times its τ could
-        beat ``best``'s measured value and no catch-up on the prompt is due; else ``best``."""
+        """The kind to take: the stalest explorable kind whose wait is over (``explorable``), if even
+        ``explore_upside`` times its τ could beat ``best``'s measured value; else ``best``."""
         kinds = self.step_kinds(state.num_layers)
         self.judge_exploration(best)
-        due = [kind for kind in kinds.values() if kind.layers and kind.idle >= self.explore_interval(kind)]
-        if due and state.strong_lag <= self.max_lag:
+        due = [kind for kind in kinds.values() if self.explorable(kind, state)]
+        if due:
             stale = max(due, key=lambda kind: kind.idle)
-            upside = self.explore_upside * self.strong_tau(stale) - measured.rate * measured.times[stale.name]
+            upside = self.explore_upside * measured.taus[stale.name] - measured.rate * measured.times[stale.name]
             if upside > measured.values[best]:
                 self.exploring = stale
                 return stale
         return kinds[best]
+
+    def explorable(self, kind: StepKind, state: SchedulerState) -> bool:
+        """Whether ``kind``'s wait is over and it may be explored: a strong kind unless its call would catch up on
+        the prompt; the weak kind only where ``explores_weak``."""
+        if kind.idle < self.explore_interval(kind):
+            return False
+        return state.strong_lag <= self.max_lag if kind.layers else self.explores_weak
 
     def explore_interval(self, kind: StepKind) -> int:
         """Steps ``kind`` waits unchosen before it is explored: ``explore`` times its backoff, at most
@@ -500,10 +510,15 @@ class LearnedStepRule(DistilledRule):
     (``StepRule.explore_or``, judged against its own choice): its history features and the rule's measurements
     only learn what strong steps are worth on this text from the strong steps it takes.
 
+    It explores the weak kind too: its history features (``recent_tau_no_call``) keep what the last weak step
+    measured, or the prior of 1 token before any, so a scheduler that took strong steps from a request's start
+    would otherwise never learn that weak steps copy whole chains there (code it has seen).
+
     ``margin_fn`` maps ``[features, kind one-hot]`` (``STEP_KIND_NAMES`` order) to V_kind − V_weak.
     """
 
     name = "learned-step"
+    explores_weak = True
 
     def choose(self, state: SchedulerState) -> StepKind:
         kinds = self.step_kinds(state.num_layers)
