@@ -634,21 +634,28 @@ def test_learned_step_rule_takes_the_kind_of_largest_positive_margin():
     assert rule(0.5, 0.6, min_margin=0.7).choose(state).name == "weak"  # neither gain beats the model's error
 
 
-def test_learned_step_rule_explores_the_strong_kinds_it_stopped_taking():
-    """A scheduler that always predicts a weak step still re-measures strong steps, as the rule does: each kind when
-    its wait is over, and, having lost, after twice the wait."""
+def explored_kinds(margin: float, steps: int) -> tuple[LearnedStepRule, list[str]]:
+    """The kinds a per-step scheduler predicting ``margin`` for every strong kind takes over ``steps`` steps that each
+    accept one token, exploring after 2 steps, and the scheduler."""
     state = SchedulerState(tree=DraftTree.from_root(0), frontier=torch.zeros(1, dtype=torch.long), window=(0,),
                            layer=1, num_layers=4, called=(), prompt_length=10, costs=CostModel(40.0, 10.0), width=2,
                            budget=8)
-    rule = LearnedStepRule(5, 0.8, lambda x: -1.0, layers=(1, 2, 3))
+    rule = LearnedStepRule(5, 0.8, lambda x: margin, layers=(1, 2, 3))
     rule.explore = 2
     ticks = iter(range(100))
     rule.clock = lambda: float(next(ticks))  # a second per step: every kind's value is far below its upside
     taken = []
-    for _ in range(8):
+    for _ in range(steps):
         rule.decide(state)
         taken.append(rule.choice.name)
         rule.observe(state.tree, torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
+    return rule, taken
+
+
+def test_learned_step_rule_explores_the_strong_kinds_it_stopped_taking():
+    """A scheduler that always predicts a weak step still re-measures strong steps, as the rule does: each kind when
+    its wait is over, and, having lost, after twice the wait."""
+    rule, taken = explored_kinds(-1.0, 8)
     assert taken == ["weak", "weak", "full", "short", "weak", "weak", "weak", "full"]
     assert rule.kinds["short"].backoff == 2 and rule.kinds["full"].backoff == 2  # full's second one is not judged yet
 
@@ -656,17 +663,6 @@ def test_learned_step_rule_explores_the_strong_kinds_it_stopped_taking():
 def test_learned_step_rule_explores_the_weak_kind_it_stopped_taking():
     """A scheduler that always predicts a strong step still takes a weak one when its wait is over, so its history
     features learn what weak steps reach on this text; having lost, the weak kind waits twice as long."""
-    state = SchedulerState(tree=DraftTree.from_root(0), frontier=torch.zeros(1, dtype=torch.long), window=(0,),
-                           layer=1, num_layers=4, called=(), prompt_length=10, costs=CostModel(40.0, 10.0), width=2,
-                           budget=8)
-    rule = LearnedStepRule(5, 0.8, lambda x: 1.0, layers=(1, 2, 3))
-    rule.explore = 2
-    ticks = iter(range(100))
-    rule.clock = lambda: float(next(ticks))  # a second per step: every kind's value is far below its upside
-    taken = []
-    for _ in range(9):
-        rule.decide(state)
-        taken.append(rule.choice.name)
-        rule.observe(state.tree, torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
+    rule, taken = explored_kinds(1.0, 9)
     assert taken == ["short", "short", "weak", "full", "short", "short", "short", "weak", "full"]
     assert rule.kinds["weak"].backoff == 4  # both weak explorations lost to the scheduler's next choice
