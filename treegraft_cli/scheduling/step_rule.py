@@ -200,12 +200,16 @@ class StepKind:
 
 @dataclass(frozen=True)
 class MeasuredValues:
-    """What the rule measured of each kind at a decision: its value τ − R·T (tokens), its τ, its time T (ms) and R."""
+    """What the rule measured of each kind at a decision: its τ (tokens), its time T (ms) and R."""
 
-    values: dict[str, float]
     taus: dict[str, float]
     times: dict[str, float]
     rate: float  # tokens per ms
+
+    @property
+    def values(self) -> dict[str, float]:
+        """Each kind's value τ − R·T, in tokens."""
+        return {name: tau - self.rate * self.times[name] for name, tau in self.taus.items()}
 
 
 def kind_layers(layers: tuple[int, ...], short_layers: tuple[int, ...], num_layers: int) -> dict[str, tuple[int, ...]]:
@@ -306,7 +310,8 @@ class StepRule(CallPolicy):
         measured = self.measured_values(state, weak_nodes)
         if measured is None:
             return kinds["full"]
-        best = max(measured.values, key=measured.values.get)
+        values = measured.values
+        best = max(values, key=values.get)
         return self.explore_or(best, measured, state)
 
     def measured_values(self, state: SchedulerState, weak_nodes: int) -> MeasuredValues | None:
@@ -328,8 +333,7 @@ class StepRule(CallPolicy):
         rate = self.rate if self.ms > 0 else max((taus[k] / times[k] for k in taus if times[k] > 0), default=0.0)
         if rate <= 0:
             return None
-        values = {name: taus[name] - rate * times[name] for name in taus}
-        return MeasuredValues(values, taus, times, rate)
+        return MeasuredValues(taus, times, rate)
 
     def explore_or(self, best: str, measured: MeasuredValues, state: SchedulerState) -> StepKind:
         """The kind to take: the stalest explorable kind whose wait is over (``explorable``), if even
@@ -512,7 +516,7 @@ class LearnedStepRule(DistilledRule):
 
     It explores the weak kind too: its history features (``recent_tau_no_call``) keep what the last weak step
     measured, or the prior of 1 token before any, so a scheduler that took strong steps from a request's start
-    would otherwise never learn that weak steps copy whole chains there (code it has seen).
+    would otherwise never learn that weak steps copy whole chains there.
 
     ``margin_fn`` maps ``[features, kind one-hot]`` (``STEP_KIND_NAMES`` order) to V_kind − V_weak.
     """
