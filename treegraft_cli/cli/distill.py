@@ -37,6 +37,7 @@ def distill(
     cost: Annotated[list[Path] | None, typer.Option("--cost", help="Extra cost profile(s) to re-price the rollouts under (hardware-aware training).")] = None,
     features: Annotated[str, typer.Option("--features", help=f"Feature set: {' | '.join(FEATURE_SETS)} (extended adds what the recent steps measured).")] = "paper",
     huber_delta: Annotated[float, typer.Option("--huber-delta", help="Huber loss threshold on standardised margins (0: squared error).")] = DistillSettings.huber_delta,
+    residual: Annotated[bool, typer.Option("--residual", help="Per-step rollouts of a step-rule policy: learn a correction to the rule's own margins.")] = False,
 ) -> None:
     """Fit the features→64→32→1 MLP to the value margins; held-out sign accuracy and regret; write the artifact."""
     if not 0 < holdout < 1 or epochs < 1 or folds < 0 or folds == 1 or huber_delta < 0:
@@ -51,7 +52,7 @@ def distill(
     identity = {"identity": costs.identity, "device": costs.device, "dtype": costs.dtype, "pair": costs.pair,
                 "also_priced_under": [p.identity for p in extra]}
     settings = DistillSettings(holdout=holdout, epochs=epochs, seed=seed, feature_set=features, folds=folds,
-                               huber_delta=huber_delta)
+                               huber_delta=huber_delta, residual=residual)
     decide = settings_doc.get("decide", "layer")
     full_layers = parse_layers(settings_doc.get("method_options", {}).get("layers", ()))
     scheduler = run_distill(tables, settings_doc["tree"], [costs, *extra], settings, identity, [str(r) for r in rollouts],

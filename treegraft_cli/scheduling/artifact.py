@@ -8,6 +8,9 @@ The artifact is one JSON file (no pickle: loading runs no code)::
     decides: layer (call or skip at each layer; ``LearnedLayerRule``) or step (the step's kind, at layer 1;
         ``LearnedStepRule``)
     full_layers: the layers a full strong step called at in the per-step rollouts
+    residual: a per-step scheduler whose last input, ``rule_margin``, is the step rule's own margin of the kind over a
+        weak step (``MeasuredValues.margins``), and whose margin is that plus the MLP's output: it learns a correction
+        to the rule, not the margin from nothing
     feature_mean, feature_scale: z = clip((x − mean) · scale, ±5); scale = 1/std, 0 for a feature that was
         constant in the rollouts (e.g. the cost features of a single-profile collection) — it carried no
         information, so a different value at run time must not push the MLP off its training range
@@ -38,6 +41,7 @@ from .policies import FEATURE_NAMES, FEATURE_SETS, STEP_KIND_FEATURE_NAMES, Call
 from .step_rule import LearnedLayerRule, LearnedStepRule
 
 KIND = "treegraft-scheduler"
+RULE_MARGIN_FEATURE = "rule_margin"  # a residual scheduler's last input: the step rule's margin of the kind
 HIDDEN = (64, 32)
 CLIP = 5.0  # standardised inputs are clipped to ±CLIP: a feature far outside the rollouts' range (another
 # device's costs, an unseen prompt length) saturates instead of driving the MLP into untrained territory
@@ -87,22 +91,37 @@ class DistilledScheduler:
     feature_set: str = "paper"  # a key of FEATURE_SETS: the inputs the MLP reads, in that order
     decides: str = "layer"  # per "layer" (call or skip, LearnedLayerRule) or per "step" (the kind, LearnedStepRule)
     full_layers: tuple[int, ...] = ()  # a full strong step's layers in the per-step rollouts (() = 1..D−1)
+    residual: bool = False  # the margin is the last input's (the step rule's margin) plus the MLP's correction
 
     @property
     def feature_names(self) -> tuple[str, ...]:
-        """The MLP's inputs: the feature set, and for a per-step scheduler the kind it prices."""
-        return FEATURE_SETS[self.feature_set] + (STEP_KIND_FEATURE_NAMES if self.decides == "step" else ())
+        """The MLP's inputs: the feature set, for a per-step scheduler the kind it prices, and for a residual one the
+        rule's margin of that kind."""
+        step = STEP_KIND_FEATURE_NAMES if self.decides == "step" else ()
+        return FEATURE_SETS[self.feature_set] + step + ((RULE_MARGIN_FEATURE,) if self.residual else ())
 
     @torch.no_grad()
     def predict(self, features: torch.Tensor) -> torch.Tensor:  # [n, features] → [n] margins
-        return self.normaliser.margins(self.mlp(self.normaliser.inputs(features.float())).squeeze(-1))
+        predicted = self.normaliser.margins(self.mlp(self.normaliser.inputs(features.float())).squeeze(-1))
+        return predicted + features[:, -1].float() if self.residual else predicted
 
-    def kind_margins(self, features: torch.Tensor, kinds: list[str]) -> torch.Tensor:  # [n, features] -> [kinds, n]
+    def kind_margins(
+        self,
+        features: torch.Tensor,  # [n, features] the layer-1 features
+        kinds: list[str],
+        rule_margins: Mapping[str, torch.Tensor] | None = None,  # kind → [n] the rule's margins (a residual scheduler)
+    ) -> torch.Tensor:  # [kinds, n]
         """A per-step scheduler's margin of each step kind over a weak step (0 for ``weak`` itself)."""
         n = features.shape[0]
-        return torch.stack([torch.zeros(n) if kind == "weak" else
-                            self.predict(torch.cat([features, kind_one_hot(kind).expand(n, -1)], dim=1))
-                            for kind in kinds])
+        if self.residual and rule_margins is None:
+            raise ConfigError("this scheduler corrects the step rule's margins, and these rollouts hold none",
+                              "collect them again under a step-rule policy (`treegraft collect --decide step`)")
+
+        def inputs(kind: str) -> torch.Tensor:
+            base = rule_margins[kind][:, None] if self.residual else torch.zeros(n, 0)
+            return torch.cat([features, kind_one_hot(kind).expand(n, -1), base], dim=1)
+
+        return torch.stack([torch.zeros(n) if kind == "weak" else self.predict(inputs(kind)) for kind in kinds])
 
     def margin(self, features: torch.Tensor) -> float:  # [features] → one margin
         return float(self.predict(features[None])[0])
@@ -111,7 +130,7 @@ class DistilledScheduler:
         """The call policy that decides with this scheduler under the method's ``options``."""
         rule = LearnedStepRule if self.decides == "step" else LearnedLayerRule
         return rule(options.call_budget, options.hit_rate, self.margin, self.feature_set, options.layers or self.full_layers,
-                    options.trim, self.cost_profile, source, options.min_margin)
+                    options.trim, self.cost_profile, source, options.min_margin, self.residual)
 
     def document(self) -> dict[str, Any]:
         linear = [m for m in self.mlp if isinstance(m, torch.nn.Linear)]
@@ -122,6 +141,7 @@ class DistilledScheduler:
             "feature_names": list(self.feature_names),
             "decides": self.decides,
             "full_layers": list(self.full_layers),
+            "residual": self.residual,
             "feature_mean": n.feature_mean.tolist(),
             "feature_scale": n.feature_scale.tolist(),
             "margin_mean": n.margin_mean,
@@ -140,9 +160,11 @@ def scheduler_from_document(document: Any, source: str) -> DistilledScheduler:
         raise ConfigError(f"{source} is not a treegraft scheduler artifact", FIX)
     names = list(document.get("feature_names", []))
     decides = document.get("decides", "layer")
+    residual = document.get("residual", False) is True
     kind_names = list(STEP_KIND_FEATURE_NAMES) if decides == "step" else []
+    kind_names += [RULE_MARGIN_FEATURE] if residual else []
     feature_set = next((name for name, known in FEATURE_SETS.items() if names == [*known, *kind_names]), None)
-    if decides not in ("layer", "step") or feature_set is None:
+    if decides not in ("layer", "step") or feature_set is None or (residual and decides != "step"):
         raise ConfigError(f"{source} was distilled for other features than this version's sets ({', '.join(FEATURE_SETS)})",
                           "distill it again with this version (`treegraft distill --features paper|extended`)")
     try:
@@ -163,7 +185,7 @@ def scheduler_from_document(document: Any, source: str) -> DistilledScheduler:
     except (KeyError, TypeError, ValueError, RuntimeError) as error:
         raise ConfigError(f"{source}: malformed scheduler artifact ({type(error).__name__}: {error})", FIX) from None
     return DistilledScheduler(mlp.eval(), normaliser, document.get("cost_profile", {}), document.get("report", {}),
-                              feature_set, decides, tuple(int(v) for v in document.get("full_layers", ())))
+                              feature_set, decides, tuple(int(v) for v in document.get("full_layers", ())), residual)
 
 
 def load_scheduler(path: str | Path) -> DistilledScheduler:

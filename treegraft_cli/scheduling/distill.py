@@ -54,6 +54,9 @@ class DistillSettings:
     # error throughout). A step's label is one noisy outcome, and a few (a catch-up on a 1,000-token article: −6
     # tokens against margins mostly within ±1) would otherwise pull every nearby state's margin after them.
     huber_delta: float = 0.5
+    # per-step only: the MLP learns a correction to the driving step rule's own margin of each kind (its last input),
+    # not the margin from nothing; where the rollouts teach it nothing, it decides as the rule
+    residual: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,17 +112,23 @@ def union(parts: Sequence[Decisions]) -> Decisions:
 
 
 def step_decisions(table, tree: dict, profiles: Sequence[CostProfile], source: int = 0,
-                   feature_set: str = "paper") -> Decisions:
+                   feature_set: str = "paper", residual: bool = False) -> Decisions:
     """Per-step rows as pairwise decisions: each strong kind against a weak step, the kind one-hot after the
-    features (what ``LearnedStepRule`` asks the MLP), under every profile."""
+    features (what ``LearnedStepRule`` asks the MLP), and with ``residual`` the rule's margin of the kind after
+    that, under every profile."""
     keys = [str(k) for k in table_columns(table)["key"]]
     parts = []
     for profile in profiles:
         priced = price_steps(table, profile, tree, feature_set)
+        if residual and priced.rule_margins is None:
+            raise ConfigError("--residual needs the step rule's margins, and these rollouts hold none (collected under "
+                              "a policy that measures none, or by an older treegraft)",
+                              "collect them with `treegraft collect --decide step --policy step` (or learned:FILE)")
         for kind in STEP_KIND_NAMES:
             if kind in priced.values:
                 one_hot = kind_one_hot(kind).expand(len(keys), -1)
-                parts.append(Decisions(torch.cat([priced.features, one_hot], dim=1), priced.values[kind],
+                base = priced.rule_margins[kind][:, None] if residual else torch.zeros(len(keys), 0)
+                parts.append(Decisions(torch.cat([priced.features, one_hot, base], dim=1), priced.values[kind],
                                        priced.values["weak"], keys, torch.full((len(keys),), source, dtype=torch.long)))
     return union(parts)
 
@@ -137,6 +146,8 @@ def evaluate_steps(
     real = torch.tensor([kinds.index(k) if k in kinds else -1 for k in priced.real_kind])
     if bool((real >= 0).all()):
         choices["collected"] = real
+    if priced.rule_margins is not None:  # the driving rule's choices without its explorations
+        choices["rule"] = torch.stack([priced.rule_margins[k] for k in kinds]).argmax(0)
     best = values.max(0).values
     policies = {}
     for name, chosen in choices.items():
@@ -177,12 +188,17 @@ def fold_masks(decisions: Decisions, folds: int, seed: int) -> list[torch.Tensor
 
 
 def fit(decisions: Decisions, settings: DistillSettings) -> tuple[torch.nn.Sequential, Normaliser]:
-    normaliser = Normaliser.fit(decisions.features, decisions.margins)
+    # a residual MLP fits what the rule's margin (the last input) misses
+    margins = decisions.margins - decisions.features[:, -1] if settings.residual else decisions.margins
+    normaliser = Normaliser.fit(decisions.features, margins)
     inputs = normaliser.inputs(decisions.features)  # [n, features]
-    targets = normaliser.targets(decisions.margins)  # [n]
+    targets = normaliser.targets(margins)  # [n]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings.seed)
         mlp = build_mlp(decisions.features.shape[1], HIDDEN)
+        if settings.residual:  # start from no correction beyond the mean one: the rule itself
+            torch.nn.init.zeros_(mlp[-1].weight)
+            torch.nn.init.zeros_(mlp[-1].bias)
         optimiser = torch.optim.Adam(mlp.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
         for _ in range(settings.epochs):
             optimiser.zero_grad()
@@ -230,8 +246,14 @@ def distill(
     if len({_has_rate([table]) for table in tables}) > 1:
         raise ConfigError("some rollout directories lack the real step's outcome (collected by an older treegraft)",
                           "collect them again, or distill them apart")
-    rows = step_decisions if decide == "step" else decisions_from_rows
-    decisions = union([rows(table, tree, profiles, i, settings.feature_set) for i, table in enumerate(tables)])
+    if settings.residual and decide != "step":
+        raise ConfigError("--residual corrects the step rule's per-step margins", "collect with --decide step")
+    if decide == "step":
+        decisions = union([step_decisions(table, tree, profiles, i, settings.feature_set, settings.residual)
+                           for i, table in enumerate(tables)])
+    else:
+        decisions = union([decisions_from_rows(table, tree, profiles, i, settings.feature_set)
+                           for i, table in enumerate(tables)])
     names = list(sources) or [str(i) for i in range(len(tables))]
     # the per-step view of every iteration's rows, under the collection's profile
     steps = [price_steps(table, profiles[0], tree, settings.feature_set) for table in tables] if decide == "step" else []
@@ -240,7 +262,7 @@ def distill(
     def scheduler_for(train: Decisions) -> DistilledScheduler:
         mlp, normaliser = fit(train, settings)
         return DistilledScheduler(mlp, normaliser, cost_profile, feature_set=settings.feature_set, decides=decide,
-                                  full_layers=tuple(full_layers))
+                                  full_layers=tuple(full_layers), residual=settings.residual)
 
     if settings.folds > 1:  # every prompt predicted by the fold's model that never saw it; the artifact sees all
         held = fold_masks(decisions, settings.folds, settings.seed)
@@ -273,7 +295,7 @@ def distill(
                         "value": VALUE_RATE if _has_rate(tables) else VALUE_RATIO,
                         "settings": {"holdout": settings.holdout, "folds": settings.folds, "epochs": settings.epochs,
                                      "seed": settings.seed, "features": settings.feature_set,
-                                     "huber_delta": settings.huber_delta}}
+                                     "huber_delta": settings.huber_delta, "residual": settings.residual}}
     return scheduler
 
 
@@ -286,7 +308,8 @@ def _step_margins(priced: PricedSteps, models: Sequence[DistilledScheduler | Non
     chosen = [m for m in models if m is not None]
     for model in {id(m): m for m in chosen}.values():
         rows = torch.tensor([m is model for m in chosen])
-        margins[:, rows] = model.kind_margins(subset.features[rows], kinds)
+        rule = {k: v[rows] for k, v in subset.rule_margins.items()} if subset.rule_margins is not None else None
+        margins[:, rows] = model.kind_margins(subset.features[rows], kinds, rule)
     return margins, subset
 
 

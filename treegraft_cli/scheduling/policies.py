@@ -184,6 +184,25 @@ def interpolate(x: float, xs: Sequence[int], ys: Sequence[float]) -> float:
 
 
 @dataclass(frozen=True)
+class MeasuredValues:
+    """What the step rule measured of each step kind at a decision: its τ (tokens), its time T (ms) and R."""
+
+    taus: Mapping[str, float]
+    times: Mapping[str, float]
+    rate: float  # tokens per ms
+
+    @property
+    def values(self) -> dict[str, float]:
+        """Each kind's value τ − R·T, in tokens."""
+        return {name: tau - self.rate * self.times[name] for name, tau in self.taus.items()}
+
+    def margins(self) -> dict[str, float]:
+        """Each kind's value over a weak step's, in tokens: the rule takes the largest (weak at 0)."""
+        values = self.values
+        return {name: value - values["weak"] for name, value in values.items()}
+
+
+@dataclass(frozen=True)
 class WeakPreview:
     """The chains a skip would hang, before they are hung: parents and per-token target log-probs."""
 
@@ -341,6 +360,11 @@ class CallPolicy(ABC):
 
     def check_pair(self, pair: str) -> None:
         """Raise a ConfigError if the policy was made for another DRAFTER:TARGET pair (a distilled scheduler)."""
+
+    def decided_on(self) -> MeasuredValues | None:
+        """What the policy measured of each step kind when it last decided a step's kind (``collect`` stores it with
+        the step's rows); None for a policy that measures none."""
+        return None
 
     def observe(self, tree: DraftTree, accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """A verified step: ``accepted`` ``[a]`` root and accepted nodes, ``next_tokens`` ``[a]`` the target's token after each."""

@@ -119,6 +119,26 @@ class Pricing:
         preview = torch.tensor(table["preview"], dtype=torch.float32)
         return torch.cat([features, history, lag, preview], dim=1)
 
+    def rule_margins(self, kinds: Sequence[str]) -> dict[str, torch.Tensor] | None:  # kind → [n] tokens
+        """The driving step rule's margin of each kind over a weak step, as it weighed them (``rollouts.rule_columns``),
+        moved to this profile: its τ as measured, its times T and rate R each scaled by how this profile prices the
+        row against the collection's (the kind's probed tree, the generation's running rate). Under the collection's
+        profile the scale is 1. None for rollouts that hold none (another driving policy, an older treegraft)."""
+        table = self.table
+        names = ["rule_rate", "rate", *(f"rule_{q}_{k}" for k in kinds for q in ("tau", "ms"))]
+        if any(name not in table or any(v is None for v in table[name]) for name in names):
+            return None
+
+        def column(name: str) -> torch.Tensor:
+            return torch.tensor(table[name], dtype=torch.float32)
+
+        rate = column("rule_rate") * self.rate() / column("rate").clamp(min=1e-12)
+        values = {}
+        for kind in kinds:
+            ms = column(f"rule_ms_{kind}") * self.ms(f"kind_{kind}") / column(f"ms_kind_{kind}").clamp(min=1e-9)
+            values[kind] = column(f"rule_tau_{kind}") - rate * ms
+        return {kind: value - values["weak"] for kind, value in values.items()}
+
     def ar_ms(self) -> torch.Tensor:  # [n] plain decoding's ms per token at each row's context
         return torch.tensor([self.profile.target_forward_ms(1, c) for c in self.contexts])
 
@@ -150,12 +170,14 @@ class PricedSteps:
     tau: Mapping[str, torch.Tensor]  # kind → accepted length
     ms: Mapping[str, torch.Tensor]  # kind → modelled step ms
     ar_ms: torch.Tensor  # plain decoding's ms per token
+    rule_margins: Mapping[str, torch.Tensor] | None = None  # kind → the driving step rule's margin over weak
 
     def subset(self, mask: torch.Tensor) -> PricedSteps:
         keep = mask.nonzero().flatten().tolist()
-        pick = {name: {k: v[mask] for k, v in getattr(self, name).items()} for name in ("values", "tau", "ms")}
+        names = ("values", "tau", "ms", "rule_margins") if self.rule_margins is not None else ("values", "tau", "ms")
+        pick = {name: {k: v[mask] for k, v in getattr(self, name).items()} for name in names}
         return PricedSteps(pick["values"], self.features[mask], [self.real_kind[i] for i in keep], pick["tau"],
-                           pick["ms"], self.ar_ms[mask])
+                           pick["ms"], self.ar_ms[mask], pick.get("rule_margins"))
 
 
 def price_steps(table, profile: CostProfile, tree: dict, feature_set: str = "paper") -> PricedSteps:
@@ -169,13 +191,14 @@ def price_steps(table, profile: CostProfile, tree: dict, feature_set: str = "pap
     values = {k: decision_values(tau[k], ms[k], rate) for k in kinds}
     calls = {k: pricing.table[f"calls_kind_{k}"] for k in kinds}
     real = [next((k for k in kinds if calls[k][i] == c), "") for i, c in enumerate(pricing.table["calls_real"])]
-    return PricedSteps(values, pricing.features(), real, tau, ms, pricing.ar_ms())
+    return PricedSteps(values, pricing.features(), real, tau, ms, pricing.ar_ms(), pricing.rule_margins(kinds))
 
 
 def step_policies(table) -> list[str]:
     """The fixed per-step policies of a per-step rollout table: always-KIND for each kind it holds, oracle, collected."""
     kinds = [name[len("tau_kind_"):] for name in table.column_names if name.startswith("tau_kind_")]
-    return [*(f"always-{k}" for k in kinds), "oracle", "collected"]
+    rule = ["rule"] if "rule_rate" in table.column_names else []
+    return [*(f"always-{k}" for k in kinds), "oracle", "collected", *rule]
 
 
 def choose_kind(policy: str, priced: PricedSteps, scheduler: DistilledScheduler | None) -> list[str]:
@@ -186,15 +209,20 @@ def choose_kind(policy: str, priced: PricedSteps, scheduler: DistilledScheduler 
         return [kinds[i] for i in torch.stack([priced.values[k] for k in kinds]).argmax(0).tolist()]
     if policy == "collected":
         return [k or "weak" for k in priced.real_kind]
+    if policy == "rule":  # the driving rule's own choice, without its explorations
+        if priced.rule_margins is None:
+            raise ConfigError("policy 'rule' needs rollouts collected under a step-rule policy",
+                              "collect them with `treegraft collect --decide step --policy step`")
+        return [kinds[i] for i in torch.stack([priced.rule_margins[k] for k in kinds]).argmax(0).tolist()]
     if policy.startswith("always-") and policy[len("always-"):] in kinds:
         return [policy[len("always-"):]] * n
     if policy == "learned":
         if scheduler is None or scheduler.decides != "step":
             raise ConfigError("policy 'learned' on per-step rollouts needs a per-step scheduler",
                               "pass --scheduler FILE from `treegraft distill` of `collect --decide step` rollouts")
-        return [kinds[i] for i in scheduler.kind_margins(priced.features, kinds).argmax(0).tolist()]
+        return [kinds[i] for i in scheduler.kind_margins(priced.features, kinds, priced.rule_margins).argmax(0).tolist()]
     raise ConfigError(f"unknown per-step replay policy {policy!r}",
-                      f"use oracle, collected, learned or always-KIND with KIND one of {', '.join(kinds)}")
+                      f"use oracle, collected, rule, learned or always-KIND with KIND one of {', '.join(kinds)}")
 
 
 def replay_steps(table, tree: dict, profile: CostProfile, policies: Sequence[str],

@@ -90,7 +90,7 @@ from ..pipeline import Pipeline, chat_messages
 from ..tree import DraftTree
 from .cost_profile import CostProfile, profile_document, profile_from_document
 from .costs import COST_CONTEXT
-from .policies import FEATURE_NAMES, HISTORY_FEATURE_NAMES, CallPolicy
+from .policies import FEATURE_NAMES, HISTORY_FEATURE_NAMES, CallPolicy, MeasuredValues
 from .registry import make_policy
 from .shards import (
     SETTINGS_FILE,
@@ -187,6 +187,16 @@ class Outcome:
         return costs.step_ms(self.nodes + 1, self.calls, self.weak, width, context, lag, self.forwarded)
 
 
+def rule_columns(measured: MeasuredValues | None) -> dict[str, float]:
+    """What the driving policy weighed when it chose the step's kind (a step rule's ``MeasuredValues``) as rollout
+    columns ``rule_tau_KIND``, ``rule_ms_KIND`` and ``rule_rate``, for a residual scheduler to correct; none for a
+    policy that measures nothing."""
+    if measured is None:
+        return {}
+    return {"rule_rate": measured.rate, **{f"rule_tau_{kind}": tau for kind, tau in measured.taus.items()},
+            **{f"rule_ms_{kind}": ms for kind, ms in measured.times.items()}}
+
+
 class ProbingMethod(Method):
     """Wraps a TreeGraftMethod: the engine decodes as usual, sampled steps are probed first (see module doc)."""
 
@@ -229,6 +239,7 @@ class ProbingMethod(Method):
         strong = self.inner.loop.strong
         seen = strong.committed_length if strong is not None else 0
         tree, records = self.inner.build(committed, record=True)
+        decided_on = rule_columns(self.inner.policy.decided_on()) if self.decide == "step" else {}
         self.step_rows, self.real = [], None
         if self.step % self.every == 0:
             self.taus = {}
@@ -239,7 +250,7 @@ class ProbingMethod(Method):
                 if row is not None:
                     self.step_rows.append({**row, "step": self.step, "features": record.features.tolist(),
                                            "history": history, LAG_COLUMN: lag, "preview": list(record.preview),
-                                           "real_call": record.called})
+                                           "real_call": record.called, **decided_on})
             if strong is not None:  # the probes' catch-up is not the real policy's: it pays its own, if it calls
                 strong.rewind(seen)
             tree, _ = self.inner.build(committed)  # the real tree again: the strong cache must hold its rows

@@ -89,6 +89,7 @@ from .policies import (
     STEP_KIND_NAMES,
     CallPolicy,
     CostModel,
+    MeasuredValues,
     SchedulerState,
     WeakPreview,
     check_distilled_pair,
@@ -198,20 +199,6 @@ class StepKind:
         self.tau = tau if self.tau is None else decay * self.tau + (1 - decay) * tau
 
 
-@dataclass(frozen=True)
-class MeasuredValues:
-    """What the rule measured of each kind at a decision: its τ (tokens), its time T (ms) and R."""
-
-    taus: dict[str, float]
-    times: dict[str, float]
-    rate: float  # tokens per ms
-
-    @property
-    def values(self) -> dict[str, float]:
-        """Each kind's value τ − R·T, in tokens."""
-        return {name: tau - self.rate * self.times[name] for name, tau in self.taus.items()}
-
-
 def kind_layers(layers: tuple[int, ...], short_layers: tuple[int, ...], num_layers: int) -> dict[str, tuple[int, ...]]:
     """The step kinds and the layers each calls at: weak (none), short (``short_layers``, unless empty or the same
     as full) and full (``layers``, default 1..D−1)."""
@@ -274,11 +261,15 @@ class StepRule(CallPolicy):
         self.started = 0.0
         self.preview: WeakPreview | None = None
         self.estimate = 1.0
+        self.measured: MeasuredValues | None = None  # what this step's decision weighed
         self.untrimmed: DraftTree | None = None  # this step's tree before the trim, when one was cut
         self.weak_judged: tuple[list[float], set[int]] | None = None  # a weak step's reach and kept nodes at its trim
 
     def previews(self, layer: int) -> bool:
         return layer == 1
+
+    def decided_on(self) -> MeasuredValues | None:
+        return self.measured
 
     def time_by(self, clock: Callable[[], float]) -> None:
         self.clock = clock
@@ -307,7 +298,7 @@ class StepRule(CallPolicy):
         self.exploring = None
         self.preview = state.weak
         self.estimate, weak_nodes = self.weak_estimate(state)
-        measured = self.measured_values(state, weak_nodes)
+        measured = self.measured = self.measured_values(state, weak_nodes)
         if measured is None:
             return kinds["full"]
         values = measured.values
@@ -495,9 +486,10 @@ class DistilledRule(StepRule):
     def __init__(self, call_budget: int, hit_rate: float, margin_fn: Callable[[torch.Tensor], float],
                  feature_set: str = "paper", layers: tuple[int, ...] = (), trim: bool = True,
                  distilled_for: Mapping[str, Any] | None = None, source: str = "the scheduler",
-                 min_margin: float = 0.0):
+                 min_margin: float = 0.0, residual: bool = False):
         super().__init__(call_budget, hit_rate, layers, trim=trim)
         self.min_margin = min_margin
+        self.residual = residual  # the scheduler corrects the rule's margin: its last input (per-step schedulers)
         self.margin_fn = margin_fn
         self.feature_set = feature_set
         self.distilled_for = dict(distilled_for or {})  # the artifact's cost profile: identity, device, dtype, pair
@@ -518,7 +510,9 @@ class LearnedStepRule(DistilledRule):
     measured, or the prior of 1 token before any, so a scheduler that took strong steps from a request's start
     would otherwise never learn that weak steps copy whole chains there.
 
-    ``margin_fn`` maps ``[features, kind one-hot]`` (``STEP_KIND_NAMES`` order) to V_kind − V_weak.
+    ``margin_fn`` maps ``[features, kind one-hot]`` (``STEP_KIND_NAMES`` order) to V_kind − V_weak. A residual
+    scheduler (``residual``) reads the rule's own margin of the kind after those (``MeasuredValues.margins``) and
+    predicts the margin as that plus its correction: where the rollouts taught it nothing, it decides as the rule.
     """
 
     name = "learned-step"
@@ -529,14 +523,18 @@ class LearnedStepRule(DistilledRule):
         self.exploring = None
         self.preview = state.weak  # the weak estimate and its outcomes stay measured, as the trim reads them
         self.estimate, weak_nodes = self.weak_estimate(state)
+        measured = self.measured = self.measured_values(state, weak_nodes)
+        if measured is None and self.residual:  # no rate yet, so no margin of the rule's to correct
+            return kinds["full"]
         inputs = feature_vector(state, self.feature_set)
+        rule = measured.margins() if self.residual else {}
         best, best_margin = kinds["weak"], self.min_margin
         for name in STEP_KIND_NAMES:
             if name in kinds:
-                margin = float(self.margin_fn(torch.cat([inputs, kind_one_hot(name)])))
+                base = torch.tensor([rule[name]] if self.residual else [])
+                margin = float(self.margin_fn(torch.cat([inputs, kind_one_hot(name), base])))
                 if margin > best_margin:
                     best, best_margin = kinds[name], margin
-        measured = self.measured_values(state, weak_nodes)
         return best if measured is None else self.explore_or(best.name, measured, state)
 
 
