@@ -40,11 +40,11 @@ from treegraft_cli.scheduling.policies import (
     preview_features,
 )
 from treegraft_cli.scheduling.registry import LEARNED, make_policy
-from treegraft_cli.scheduling.replay import price
+from treegraft_cli.scheduling.replay import price, price_steps
 from treegraft_cli.scheduling.rollouts import CollectSettings, collect_question, probing_decoder
 from treegraft_cli.scheduling.shards import read_rollouts
 from treegraft_cli.scheduling.step_rule import LearnedLayerRule, LearnedStepRule, StepRule
-from treegraft_cli.scheduling.values import CATCH_UP_HORIZON, LAG_COLUMN, MAX_LAG
+from treegraft_cli.scheduling.values import CATCH_UP_HORIZON, CATCH_UP_SHARE, LAG_COLUMN, MAX_LAG
 from treegraft_cli.tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree
 
 PAIR = "tiny-random@layers=2:tiny-random"
@@ -131,6 +131,8 @@ def test_a_strong_step_pays_for_catching_up_on_the_text_its_drafter_has_not_seen
     # the tokens since the last call, or the prompt: the step pays its share of work the next call would do anyway
     for lag in (4, MAX_LAG, MAX_LAG + 16):
         assert profile.step_ms(3, 1, 0, 3, 10, lag=lag) == pytest.approx(2.0 + 1.0 + lag * 0.25 / CATCH_UP_HORIZON)
+        # a policy that rarely calls pays the whole catch-up (``distill --catch-up-share 1``)
+        assert profile.step_ms(3, 1, 0, 3, 10, lag=lag, catch_up_share=1.0) == pytest.approx(2.0 + 1.0 + lag * 0.25)
     with pytest.raises(ConfigError, match="non-positive"):
         CostProfile(pair="p", device="cpu", dtype="fp32", tree_tokens=(1,), contexts=(10,), target_ms=((0.0,),))
 
@@ -595,8 +597,13 @@ def test_per_step_rollouts_distill_into_a_learned_step_rule(cost_file, tmp_path,
     largest = [max(m, key=m.get) for m in margins]
     taken = [next(k for k in ("weak", "short", "full") if row[f"calls_kind_{k}"] == row["calls_real"]) for row in table]
     assert sum(a == b for a, b in zip(largest, taken, strict=True)) >= len(table) // 2
+    # under the collection's profile the stored weighing is the rule's margin as it decided, whatever the labels charge
+    for share in (CATCH_UP_SHARE, 1.0):
+        priced = price_steps(table, costs, settings["tree"], "extended", share)
+        for kind in ("short", "full"):
+            assert priced.rule_margins[kind].tolist() == pytest.approx([m[kind] - m["weak"] for m in margins], abs=1e-4)
     residual = invoke(["distill", "--rollouts", str(out), "--out", str(tmp_path / "residual.json"), "--epochs", "20",
-                       "--residual", "--cost", str(cost_file[0])])
+                       "--residual", "--cost", str(cost_file[0]), "--catch-up-share", "1"])
     assert "rule" in residual["held_out_by_iteration"][0]["policies"]
     corrector = load_scheduler(tmp_path / "residual.json")
     assert corrector.residual and corrector.feature_names[-3:] == ("kind_short", "kind_full", "rule_margin")

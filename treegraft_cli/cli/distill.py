@@ -38,10 +38,12 @@ def distill(
     features: Annotated[str, typer.Option("--features", help=f"Feature set: {' | '.join(FEATURE_SETS)} (extended adds what the recent steps measured).")] = "paper",
     huber_delta: Annotated[float, typer.Option("--huber-delta", help="Huber loss threshold on standardised margins (0: squared error).")] = DistillSettings.huber_delta,
     residual: Annotated[bool, typer.Option("--residual", help="Per-step rollouts of a step-rule policy: learn a correction to the rule's own margins.")] = False,
+    catch_up_share: Annotated[float, typer.Option("--catch-up-share", help="Per-step rollouts: share of a strong step's catch-up on unseen text its label charges.")] = DistillSettings.catch_up_share,
 ) -> None:
     """Fit the features→64→32→1 MLP to the value margins; held-out sign accuracy and regret; write the artifact."""
-    if not 0 < holdout < 1 or epochs < 1 or folds < 0 or folds == 1 or huber_delta < 0:
-        raise typer.BadParameter("--holdout in (0, 1), --epochs >= 1, --folds 0 (one split) or >= 2, --huber-delta >= 0")
+    if not 0 < holdout < 1 or epochs < 1 or folds < 0 or folds == 1 or huber_delta < 0 or not 0 <= catch_up_share <= 1:
+        raise typer.BadParameter("--holdout in (0, 1), --epochs >= 1, --folds 0 (one split) or >= 2, --huber-delta >= 0, "
+                                 "--catch-up-share in [0, 1]")
     if features not in FEATURE_SETS:
         raise typer.BadParameter(f"--features must be one of {', '.join(FEATURE_SETS)}")
     ensure_writable_dir(out.parent)
@@ -52,7 +54,8 @@ def distill(
     identity = {"identity": costs.identity, "device": costs.device, "dtype": costs.dtype, "pair": costs.pair,
                 "also_priced_under": [p.identity for p in extra]}
     settings = DistillSettings(holdout=holdout, epochs=epochs, seed=seed, feature_set=features, folds=folds,
-                               huber_delta=huber_delta, residual=residual)
+                               huber_delta=huber_delta, residual=residual,
+                               catch_up_share=catch_up_share)
     decide = settings_doc.get("decide", "layer")
     full_layers = parse_layers(settings_doc.get("method_options", {}).get("layers", ()))
     scheduler = run_distill(tables, settings_doc["tree"], [costs, *extra], settings, identity, [str(r) for r in rollouts],

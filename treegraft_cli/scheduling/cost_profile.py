@@ -86,18 +86,19 @@ class CostProfile:
         return CostModel(curve[-1][1], self.drafter_forward_ms(2 * width, context), curve[0][1], curve)
 
     def step_ms(self, tree_tokens: int, strong_calls: int, weak_layers: int, width: int, context: int,
-                lag: int = 0, forwarded: Sequence[int] | None = None) -> float:
+                lag: int = 0, forwarded: Sequence[int] | None = None, catch_up_share: float = CATCH_UP_SHARE) -> float:
         """Modelled time of one step: verify the tree, ``strong_calls`` strong forwards, ``weak_layers`` n-gram layers.
 
         ``forwarded``: the tree nodes each strong call forwarded (``strong_calls`` counts); None, for rollouts that
         did not count them: 2·K a call. The step's first strong call also forwards the ``lag`` committed tokens the
-        strong drafter has not seen (``values.CATCH_UP_SHARE`` of the time they add is charged to the step)."""
+        strong drafter has not seen (``catch_up_share`` of the time they add is charged to the step, by default
+        ``values.CATCH_UP_SHARE``)."""
         calls = [2 * width] * strong_calls if forwarded is None else list(forwarded)
         strong = sum(self.drafter_forward_ms(max(1, nodes), context) for nodes in calls)
         if calls and lag > 0:
             first = calls[0]
             extra = self.drafter_forward_ms(first + lag, context) - self.drafter_forward_ms(max(1, first), context)
-            strong += CATCH_UP_SHARE * max(0.0, extra)
+            strong += catch_up_share * max(0.0, extra)
         return self.target_forward_ms(tree_tokens, context) + strong + weak_layers * float(self.host_ms.get("ngram", 0.0))
 
 

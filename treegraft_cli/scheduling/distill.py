@@ -36,7 +36,7 @@ from .cost_profile import CostProfile
 from .policies import STEP_KIND_NAMES, kind_one_hot
 from .replay import PricedSteps, price, price_steps
 from .shards import table_columns
-from .values import REAL_COLUMNS
+from .values import CATCH_UP_SHARE, REAL_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,8 @@ class DistillSettings:
     # per-step only: the MLP learns a correction to the driving step rule's own margin of each kind (its last input),
     # not the margin from nothing; where the rollouts teach it nothing, it decides as the rule
     residual: bool = False
+    # of a strong step's catch-up time, the share its label charges (per-step rollouts; see ``values.CATCH_UP_SHARE``)
+    catch_up_share: float = CATCH_UP_SHARE
 
 
 @dataclass(frozen=True)
@@ -112,14 +114,15 @@ def union(parts: Sequence[Decisions]) -> Decisions:
 
 
 def step_decisions(table, tree: dict, profiles: Sequence[CostProfile], source: int = 0,
-                   feature_set: str = "paper", residual: bool = False) -> Decisions:
+                   feature_set: str = "paper", residual: bool = False,
+                   catch_up_share: float = CATCH_UP_SHARE) -> Decisions:
     """Per-step rows as pairwise decisions: each strong kind against a weak step, the kind one-hot after the
     features (what ``LearnedStepRule`` asks the MLP), and with ``residual`` the rule's margin of the kind after
     that, under every profile."""
     keys = [str(k) for k in table_columns(table)["key"]]
     parts = []
     for profile in profiles:
-        priced = price_steps(table, profile, tree, feature_set)
+        priced = price_steps(table, profile, tree, feature_set, catch_up_share)
         if residual and priced.rule_margins is None:
             raise ConfigError("--residual needs the step rule's margins, and these rollouts hold none (collected under "
                               "a policy that measures none, or by an older treegraft)",
@@ -249,14 +252,15 @@ def distill(
     if settings.residual and decide != "step":
         raise ConfigError("--residual corrects the step rule's per-step margins", "collect with --decide step")
     if decide == "step":
-        decisions = union([step_decisions(table, tree, profiles, i, settings.feature_set, settings.residual)
-                           for i, table in enumerate(tables)])
+        decisions = union([step_decisions(table, tree, profiles, i, settings.feature_set, settings.residual,
+                                          settings.catch_up_share) for i, table in enumerate(tables)])
     else:
         decisions = union([decisions_from_rows(table, tree, profiles, i, settings.feature_set)
                            for i, table in enumerate(tables)])
     names = list(sources) or [str(i) for i in range(len(tables))]
     # the per-step view of every iteration's rows, under the collection's profile
-    steps = [price_steps(table, profiles[0], tree, settings.feature_set) for table in tables] if decide == "step" else []
+    steps = [price_steps(table, profiles[0], tree, settings.feature_set, settings.catch_up_share)
+             for table in tables] if decide == "step" else []
     step_keys = [[str(k) for k in table_columns(table)["key"]] for table in tables] if decide == "step" else []
 
     def scheduler_for(train: Decisions) -> DistilledScheduler:
@@ -295,7 +299,8 @@ def distill(
                         "value": VALUE_RATE if _has_rate(tables) else VALUE_RATIO,
                         "settings": {"holdout": settings.holdout, "folds": settings.folds, "epochs": settings.epochs,
                                      "seed": settings.seed, "features": settings.feature_set,
-                                     "huber_delta": settings.huber_delta, "residual": settings.residual}}
+                                     "huber_delta": settings.huber_delta, "residual": settings.residual,
+                                     "catch_up_share": settings.catch_up_share}}
     return scheduler
 
 

@@ -31,7 +31,7 @@ from .cost_profile import CostProfile
 from .costs import COST_CONTEXT
 from .options import parse_layers
 from .shards import table_columns
-from .values import LAG_COLUMN, REAL_COLUMNS, decision_values, running_rates
+from .values import CATCH_UP_SHARE, LAG_COLUMN, REAL_COLUMNS, decision_values, running_rates
 
 FIXED_POLICIES = ("always-call", "never-call", "oracle", "collected")
 # the bench contender each replay policy stands for when a bench's results are given (``measured_speedups``)
@@ -78,31 +78,35 @@ class Priced:
 class Pricing:
     """One table's rows under one cost profile: any action's modelled ms, the running rate, the features."""
 
-    def __init__(self, table, profile: CostProfile, tree: dict, feature_set: str = "paper"):
+    def __init__(self, table, profile: CostProfile, tree: dict, feature_set: str = "paper",
+                 catch_up_share: float = CATCH_UP_SHARE):
+        self.catch_up_share = catch_up_share  # of a strong step's catch-up time, charged to the step (labels' times)
         self.table = table_columns(table)
         self.profile = profile
         self.width, self.budget = int(tree["top_k"]), int(tree["budget"])
         self.contexts = [int(c) for c in self.table["context_length"]]
         self.feature_set = feature_set
 
-    def ms(self, action: str) -> torch.Tensor:  # [n]
+    def ms(self, action: str, catch_up_share: float | None = None) -> torch.Tensor:  # [n]
+        share = self.catch_up_share if catch_up_share is None else catch_up_share
         table = self.table
         nodes, calls, weak = table[f"nodes_{action}"], table[f"calls_{action}"], table[f"weak_{action}"]
         lags = table.get(LAG_COLUMN) or [0] * len(nodes)  # rollouts collected before the lag was stored: none
         # rollouts collected before each call's forwarded nodes were stored: 2·K a call
         forwarded = table.get(f"forwarded_{action}") or [None] * len(nodes)
-        return torch.tensor([self.profile.step_ms(n + 1, c, w, self.width, ctx, lag, f) for n, c, w, ctx, lag, f
+        return torch.tensor([self.profile.step_ms(n + 1, c, w, self.width, ctx, lag, f, share) for n, c, w, ctx, lag, f
                              in zip(nodes, calls, weak, self.contexts, lags, forwarded, strict=True)])
 
     def tau(self, action: str) -> torch.Tensor:  # [n]
         return torch.tensor(self.table[f"tau_{action}"], dtype=torch.float32)
 
-    def rate(self) -> torch.Tensor | None:  # [n] R of each row's generation; None for rows without the real outcome
+    def rate(self, catch_up_share: float | None = None) -> torch.Tensor | None:  # [n] R of each row's generation
+        """None for rows without the real outcome."""
         table = self.table
         if not all(name in table for name in REAL_COLUMNS):
             return None
         generations = list(zip(table["key"], table["turn"], strict=True))
-        return running_rates(generations, table["step"], self.tau("real"), self.ms("real"))
+        return running_rates(generations, table["step"], self.tau("real"), self.ms("real", catch_up_share))
 
     def features(self) -> torch.Tensor:  # [n, features] with the profile's cost features
         table = self.table
@@ -123,7 +127,9 @@ class Pricing:
         """The driving step rule's margin of each kind over a weak step, as it weighed them (``rollouts.rule_columns``),
         moved to this profile: its τ as measured, its times T and rate R each scaled by how this profile prices the
         row against the collection's (the kind's probed tree, the generation's running rate). Under the collection's
-        profile the scale is 1. None for rollouts that hold none (another driving policy, an older treegraft)."""
+        profile the scale is 1, and it prices the catch-up as the collection did, whatever share the labels charge: the
+        margin is the rule's as it decided. None for rollouts that hold none (another driving policy, an older
+        treegraft)."""
         table = self.table
         names = ["rule_rate", "rate", *(f"rule_{q}_{k}" for k in kinds for q in ("tau", "ms"))]
         if any(name not in table or any(v is None for v in table[name]) for name in names):
@@ -132,10 +138,11 @@ class Pricing:
         def column(name: str) -> torch.Tensor:
             return torch.tensor(table[name], dtype=torch.float32)
 
-        rate = column("rule_rate") * self.rate() / column("rate").clamp(min=1e-12)
+        rate = column("rule_rate") * self.rate(CATCH_UP_SHARE) / column("rate").clamp(min=1e-12)
         values = {}
         for kind in kinds:
-            ms = column(f"rule_ms_{kind}") * self.ms(f"kind_{kind}") / column(f"ms_kind_{kind}").clamp(min=1e-9)
+            priced = self.ms(f"kind_{kind}", CATCH_UP_SHARE)
+            ms = column(f"rule_ms_{kind}") * priced / column(f"ms_kind_{kind}").clamp(min=1e-9)
             values[kind] = column(f"rule_tau_{kind}") - rate * ms
         return {kind: value - values["weak"] for kind, value in values.items()}
 
@@ -180,8 +187,10 @@ class PricedSteps:
                            pick["ms"], self.ar_ms[mask], pick.get("rule_margins"))
 
 
-def price_steps(table, profile: CostProfile, tree: dict, feature_set: str = "paper") -> PricedSteps:
-    pricing = Pricing(table, profile, tree, feature_set)
+def price_steps(table, profile: CostProfile, tree: dict, feature_set: str = "paper",
+                catch_up_share: float = CATCH_UP_SHARE) -> PricedSteps:
+    """Per-step rows under ``profile``, a strong step's catch-up charged at ``catch_up_share`` of its time."""
+    pricing = Pricing(table, profile, tree, feature_set, catch_up_share)
     kinds = [name[len("tau_kind_"):] for name in pricing.table if name.startswith("tau_kind_")]
     if not kinds:
         raise ConfigError("these rollouts hold no per-step rows", "collect them with `treegraft collect --decide step`")
