@@ -740,17 +740,20 @@ def test_a_weak_step_trims_at_the_discount_its_estimates_have_earned():
     tree.add_children(torch.tensor([1]), torch.tensor([2]), torch.tensor([math.log(0.9 * 0.3)]), ORIGIN_MODEL)
     tree.add_children(torch.tensor([3]), torch.tensor([3]), torch.tensor([math.log(0.9 * 0.3 * 0.05)]), ORIGIN_MODEL)
 
-    def kept(kind: str, ratio: float) -> list[int]:
+    def kept(kind: str, ratio: float, called: tuple[int, ...] | None = None) -> list[int]:
         rule = StepRule(call_budget=5, hit_rate=0.8, short_layers=(), clock=clock)
         rule.choice = rule.step_kinds(4)[kind]
         rule.weak_outcomes.measured = ratio * rule.weak_outcomes.estimated
-        return rule.trim(tree, costs, 16).tokens.tolist()
+        return rule.trim(tree, costs, 16, called).tokens.tolist()
 
     assert kept("weak", 1.0) == [0, 1, 4, 2]  # as the rule without a discount: c dropped
     assert kept("weak", 2.0) == [0, 1, 4, 2, 3]  # c's 0.021 pays at twice its reach
     assert kept("weak", 0.25) == [0, 1, 2]  # d's 0.0125 does not at a quarter
     assert kept("weak", 0.001) == [0]
     assert kept("full", 2.0) == kept("full", 0.25) == [0, 1, 4, 2]
+    # a forced build (collect's probe of another kind) is trimmed as the layers it called, not as the step's choice
+    assert kept("weak", 0.25, called=(1, 2, 3)) == [0, 1, 4, 2]
+    assert kept("full", 0.25, called=()) == [0, 1, 2]
 
 
 def test_a_weak_step_is_judged_on_its_verified_nodes_and_the_dropped_children_of_its_accepted_ones():

@@ -215,7 +215,9 @@ class LayerLoop:
                 records.append(LayerRecord(layer, call, layer in forced, *recorded, forwarded))
             layer += 1
         with host_only():
-            tree = policy.trim(cut_to_budget(g.tree, self.shape.budget), costs, self.shape.budget)
+            # a forced build (``collect``'s probe of another action) is trimmed as a step that called where it did
+            called = tuple(g.called) if forced else None
+            tree = policy.trim(cut_to_budget(g.tree, self.shape.budget), costs, self.shape.budget, called)
         return tree, records, g.weak_expansions
 
     def run_plan(self, committed: torch.Tensor, policy: CallPolicy) -> RunPlan | None:

@@ -372,8 +372,9 @@ class CallPolicy(ABC):
     def time_by(self, clock: Callable[[], float]) -> None:
         """Measure step times with ``clock`` (seconds) instead of the wall clock; a policy that times nothing ignores it."""
 
-    def trim(self, tree: DraftTree, costs: CostModel, budget: int) -> DraftTree:
-        """The tree to verify, given the step's tree already cut to ``budget`` nodes: by default all of it."""
+    def trim(self, tree: DraftTree, costs: CostModel, budget: int, called: tuple[int, ...] | None = None) -> DraftTree:
+        """The tree to verify, given the step's tree already cut to ``budget`` nodes: by default all of it. ``called``:
+        the layers a forced build called at (None: the step the policy decided)."""
         return tree
 
     def decide(self, state: SchedulerState) -> bool:

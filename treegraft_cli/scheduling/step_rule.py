@@ -415,17 +415,21 @@ class StepRule(CallPolicy):
         """This step calls nowhere: its tree is the n-gram chains', judged at ρ."""
         return self.choice is not None and not self.choice.layers
 
-    def trim(self, tree: DraftTree, costs: CostModel, budget: int) -> DraftTree:
+    def trim(self, tree: DraftTree, costs: CostModel, budget: int, called: tuple[int, ...] | None = None) -> DraftTree:
+        """The tree cut to the nodes worth verifying at R; a weak step's (this step's choice, or a forced build's that
+        called nowhere) weighed at ρ. A forced build (``collect``'s probe of a kind the rule did not choose) is trimmed
+        as a step of that kind would be, else a probe of a strong kind on a weak step would be cut at ρ."""
         self.untrimmed, self.weak_judged = None, None
         if tree.size == 0:
             return tree
+        weak = self.weak_step if called is None else not called
         reach = self.calibration.reach_list(tree)
         # best first, ties to the lower index: reach never grows down a path (every rate is at most 1), so any
         # prefix of this order is prefix-closed
         order = sorted(range(1, len(reach)), key=lambda node: (-reach[node], node))
-        ratio = self.weak_outcomes.ratio if self.weak_step else 1.0
+        ratio = self.weak_outcomes.ratio if weak else 1.0
         kept = self.verified([reach[node] for node in order], costs, budget, ratio)
-        if self.weak_step:
+        if weak:
             self.weak_judged = (reach, set(order[:kept]))
         if kept >= len(order):
             return tree
