@@ -149,8 +149,8 @@ def evaluate_steps(
     real = torch.tensor([kinds.index(k) if k in kinds else -1 for k in priced.real_kind])
     if bool((real >= 0).all()):
         choices["collected"] = real
-    if priced.rule_margins is not None:  # the driving rule's choices without its explorations
-        choices["rule"] = torch.stack([priced.rule_margins[k] for k in kinds]).argmax(0)
+    if priced.rule_margins is not None:
+        choices["rule"] = priced.rule_choices()
     best = values.max(0).values
     policies = {}
     for name, chosen in choices.items():

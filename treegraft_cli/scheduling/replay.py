@@ -186,6 +186,13 @@ class PricedSteps:
         return PricedSteps(pick["values"], self.features[mask], [self.real_kind[i] for i in keep], pick["tau"],
                            pick["ms"], self.ar_ms[mask], pick.get("rule_margins"))
 
+    def rule_choices(self) -> torch.Tensor:  # [n] index into ``values``' kinds
+        """The driving rule's own choice at each step (the kind of largest margin), without its explorations."""
+        if self.rule_margins is None:
+            raise ConfigError("policy 'rule' needs rollouts collected under a step-rule policy",
+                              "collect them with `treegraft collect --decide step --policy step`")
+        return torch.stack([self.rule_margins[k] for k in self.values]).argmax(0)
+
 
 def price_steps(table, profile: CostProfile, tree: dict, feature_set: str = "paper",
                 catch_up_share: float = CATCH_UP_SHARE) -> PricedSteps:
@@ -218,11 +225,8 @@ def choose_kind(policy: str, priced: PricedSteps, scheduler: DistilledScheduler 
         return [kinds[i] for i in torch.stack([priced.values[k] for k in kinds]).argmax(0).tolist()]
     if policy == "collected":
         return [k or "weak" for k in priced.real_kind]
-    if policy == "rule":  # the driving rule's own choice, without its explorations
-        if priced.rule_margins is None:
-            raise ConfigError("policy 'rule' needs rollouts collected under a step-rule policy",
-                              "collect them with `treegraft collect --decide step --policy step`")
-        return [kinds[i] for i in torch.stack([priced.rule_margins[k] for k in kinds]).argmax(0).tolist()]
+    if policy == "rule":
+        return [kinds[i] for i in priced.rule_choices().tolist()]
     if policy.startswith("always-") and policy[len("always-"):] in kinds:
         return [policy[len("always-"):]] * n
     if policy == "learned":
