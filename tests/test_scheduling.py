@@ -23,9 +23,9 @@ from treegraft_cli.methods import Prefill
 from treegraft_cli.methods.treegraft import TreeGraftMethod
 from treegraft_cli.pipeline import Pipeline
 from treegraft_cli.profiles import load_profile, profiles_dir
-from treegraft_cli.scheduling.artifact import load_scheduler
+from treegraft_cli.scheduling.artifact import DistilledScheduler, Normaliser, build_mlp, load_scheduler
 from treegraft_cli.scheduling.cost_profile import CostProfile, load_cost_profile, save_cost_profile
-from treegraft_cli.scheduling.distill import Decisions, DistillSettings, fit
+from treegraft_cli.scheduling.distill import Decisions, DistillSettings, choose_correction_scale, fit
 from treegraft_cli.scheduling.history import StepHistory
 from treegraft_cli.scheduling.options import TreeGraftConfig
 from treegraft_cli.scheduling.policies import (
@@ -40,7 +40,7 @@ from treegraft_cli.scheduling.policies import (
     preview_features,
 )
 from treegraft_cli.scheduling.registry import LEARNED, make_policy
-from treegraft_cli.scheduling.replay import price, price_steps
+from treegraft_cli.scheduling.replay import PricedSteps, price, price_steps
 from treegraft_cli.scheduling.rollouts import CollectSettings, collect_question, probing_decoder
 from treegraft_cli.scheduling.shards import read_rollouts
 from treegraft_cli.scheduling.step_rule import LearnedLayerRule, LearnedStepRule, StepRule
@@ -603,14 +603,60 @@ def test_per_step_rollouts_distill_into_a_learned_step_rule(cost_file, tmp_path,
         for kind in ("short", "full"):
             assert priced.rule_margins[kind].tolist() == pytest.approx([m[kind] - m["weak"] for m in margins], abs=1e-4)
     residual = invoke(["distill", "--rollouts", str(out), "--out", str(tmp_path / "residual.json"), "--epochs", "20",
-                       "--residual", "--cost", str(cost_file[0]), "--catch-up-share", "1"])
-    assert "rule" in residual["held_out_by_iteration"][0]["policies"]
+                       "--residual", "--cost", str(cost_file[0]), "--catch-up-share", "1", "--folds", "2"])
+    policies = residual["held_out_by_iteration"][0]["policies"]
     corrector = load_scheduler(tmp_path / "residual.json")
     assert corrector.residual and corrector.feature_names[-3:] == ("kind_short", "kind_full", "rule_margin")
+    # the shipped share of the correction is the one of least out-of-fold regret; share 0 decides as the rule
+    share_regret = corrector.report["correction_scale_regret"]
+    assert residual["correction_scale"] == corrector.correction_scale
+    assert share_regret[str(corrector.correction_scale)] == min(share_regret.values())
+    assert share_regret["0.0"] == pytest.approx(policies["rule"]["regret"])
+    assert policies["mlp"]["regret"] == pytest.approx(min(share_regret.values()))
     config = dataclasses.replace(config, method_options={**config.method_options, "scheduler": str(tmp_path / "residual.json")})
     decoder = Pipeline(target=target, drafter=drafter).decoder(config)
     assert decoder.method.policy.residual
     assert decoder.generate(prompt).output_ids == reference_greedy(target, prompt, 12)
+
+
+def test_distill_ships_the_share_of_a_correction_that_the_held_out_steps_bear_out():
+    """Share 0 of a residual scheduler's correction is the rule itself: kept when the correction makes worse choices
+    on the held-out steps, the whole correction kept when it mends the rule's."""
+    kinds = ("weak", "full")
+    values = {"weak": torch.tensor([1.0, 2.0, 1.0]), "full": torch.tensor([2.0, 1.0, 2.0])}  # full best at steps 0, 2
+    right = {"weak": torch.zeros(3), "full": torch.tensor([1.0, -1.0, 1.0])}  # margins that pick the best kind
+
+    def steps(rule: dict[str, torch.Tensor]) -> PricedSteps:
+        return PricedSteps(values, torch.zeros(3, 1), ["weak"] * 3, values, values, torch.ones(3), rule)
+
+    flipped = torch.stack([torch.zeros(3), -right["full"]])  # [kinds, n] a correction that turns every choice round
+    scale, regret = choose_correction_scale([flipped], [steps(right)])
+    assert scale == 0.0 and regret[0.0] == 0.0 and regret[1.0] == 1.0
+    wrong = {"weak": torch.zeros(3), "full": -right["full"]}
+    scale, regret = choose_correction_scale([torch.stack([right[k] for k in kinds])], [steps(wrong)])
+    assert scale == 1.0 and regret[1.0] == 0.0 and regret[0.0] == 1.0
+
+
+def test_a_residual_scheduler_adds_its_share_of_the_correction_and_keeps_it_in_the_artifact(tmp_path):
+    """margin = rule's + share · correction; the share survives a save and load, and one outside [0, 1] is refused."""
+    inputs = len(FEATURE_NAMES) + 3  # the paper's features, the kind one-hot, the rule's margin
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        mlp, features = build_mlp(inputs), torch.randn(4, inputs)
+    normaliser = Normaliser(torch.zeros(inputs), torch.ones(inputs), 0.3, 2.0)
+    scheduler = DistilledScheduler(mlp, normaliser, decides="step", residual=True)
+    assert scheduler.feature_names[-1] == "rule_margin"
+    whole = scheduler.predict(features)
+    scheduler.correction_scale = 0.25
+    assert torch.allclose(scheduler.predict(features), features[:, -1] + 0.25 * (whole - features[:, -1]), atol=1e-6)
+    scheduler.correction_scale = 0.0
+    assert torch.equal(scheduler.predict(features), features[:, -1])
+    scheduler.save(tmp_path / "share.json")
+    assert load_scheduler(tmp_path / "share.json").correction_scale == 0.0
+    document = json.loads((tmp_path / "share.json").read_text())
+    (tmp_path / "bad.json").write_text(json.dumps({**document, "correction_scale": 2.0}))
+    with pytest.raises(ConfigError, match="malformed"):
+        load_scheduler(tmp_path / "bad.json")
 
 
 def test_a_residual_scheduler_without_a_correction_decides_as_the_step_rule():

@@ -77,7 +77,13 @@ def distill(
         console.table("held-out regret per iteration", ["rollouts", "rows", f"mlp regret ({unit})", "mlp call rate", "oracle call rate"],
                       [(it["rollouts"], it["rows"], it["policies"]["mlp"]["regret"], it["policies"]["mlp"]["call_rate"],
                         it["oracle_call_rate"]) for it in report["held_out_by_iteration"]])
+    if report["correction_scale_regret"]:
+        console.table("a share of the correction added to the rule's margin, out of fold",
+                      ["share", f"regret ({unit})", "shipped"],
+                      [(share, regret, "yes" if float(share) == scheduler.correction_scale else "")
+                       for share, regret in report["correction_scale_regret"].items()])
     console.json_line({"scheduler": str(out), "cost_profile": costs.identity, "decides": decide,
+                       "correction_scale": scheduler.correction_scale,
                        "held_out_scope": report["held_out_scope"], "held_out": held,
                        "held_out_by_iteration": report["held_out_by_iteration"], "value": report["value"],
                        "train_sign_accuracy": report["train"]["sign_accuracy"]})

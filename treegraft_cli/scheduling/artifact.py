@@ -11,6 +11,8 @@ The artifact is one JSON file (no pickle: loading runs no code)::
     residual: a per-step scheduler whose last input, ``rule_margin``, is the step rule's own margin of the kind over a
         weak step (``MeasuredValues.margins``), and whose margin is that plus the MLP's output: it learns a correction
         to the rule, not the margin from nothing
+    correction_scale: a residual scheduler's margin is the rule's plus this share of the MLP's correction (0, ¼, ½
+        or 1, the one of least out-of-fold regret in ``distill --folds K``; 1 when distilled without folds)
     feature_mean, feature_scale: z = clip((x − mean) · scale, ±5); scale = 1/std, 0 for a feature that was
         constant in the rollouts (e.g. the cost features of a single-profile collection) — it carried no
         information, so a different value at run time must not push the MLP off its training range
@@ -92,6 +94,7 @@ class DistilledScheduler:
     decides: str = "layer"  # per "layer" (call or skip, LearnedLayerRule) or per "step" (the kind, LearnedStepRule)
     full_layers: tuple[int, ...] = ()  # a full strong step's layers in the per-step rollouts (() = 1..D−1)
     residual: bool = False  # the margin is the last input's (the step rule's margin) plus the MLP's correction
+    correction_scale: float = 1.0  # the share of that correction a residual scheduler adds (0: it decides as the rule)
 
     @property
     def feature_names(self) -> tuple[str, ...]:
@@ -103,7 +106,7 @@ class DistilledScheduler:
     @torch.no_grad()
     def predict(self, features: torch.Tensor) -> torch.Tensor:  # [n, features] → [n] margins
         predicted = self.normaliser.margins(self.mlp(self.normaliser.inputs(features.float())).squeeze(-1))
-        return predicted + features[:, -1].float() if self.residual else predicted
+        return features[:, -1].float() + self.correction_scale * predicted if self.residual else predicted
 
     def kind_margins(
         self,
@@ -142,6 +145,7 @@ class DistilledScheduler:
             "decides": self.decides,
             "full_layers": list(self.full_layers),
             "residual": self.residual,
+            "correction_scale": self.correction_scale,
             "feature_mean": n.feature_mean.tolist(),
             "feature_scale": n.feature_scale.tolist(),
             "margin_mean": n.margin_mean,
@@ -182,10 +186,14 @@ def scheduler_from_document(document: Any, source: str) -> DistilledScheduler:
             float(document["margin_mean"]),
             float(document["margin_std"]),
         )
+        correction_scale = float(document.get("correction_scale", 1.0))
+        if not 0.0 <= correction_scale <= 1.0:
+            raise ValueError(f"correction_scale {correction_scale} outside [0, 1]")
     except (KeyError, TypeError, ValueError, RuntimeError) as error:
         raise ConfigError(f"{source}: malformed scheduler artifact ({type(error).__name__}: {error})", FIX) from None
     return DistilledScheduler(mlp.eval(), normaliser, document.get("cost_profile", {}), document.get("report", {}),
-                              feature_set, decides, tuple(int(v) for v in document.get("full_layers", ())), residual)
+                              feature_set, decides, tuple(int(v) for v in document.get("full_layers", ())), residual,
+                              correction_scale)
 
 
 def load_scheduler(path: str | Path) -> DistilledScheduler:

@@ -9,6 +9,10 @@ predictions' over all rows, and the artifact is fitted on every prompt. With a d
 out two, and its regret swings by more than the differences between policies; K folds measure all twelve. Training: full-batch Adam on
 the mean squared error of standardised margins, seeded inside a forked RNG (the global RNG is untouched).
 
+A residual scheduler (``--residual``) distilled with folds adds to the rule's margin the share of its correction
+(0, ¼, ½ or 1: ``choose_correction_scale``) whose out-of-fold choices have the least regret; at share 0 it decides as
+the rule, so a correction the held-out prompts do not bear out is not shipped.
+
 Several rollout directories (``--rollouts A --rollouts B``: the iterations of on-policy collection, each
 collected with the scheduler distilled from the ones before) are fitted as one set; the held-out metrics
 are also reported per directory, so a DAgger-style loop shows its regret per iteration.
@@ -268,16 +272,22 @@ def distill(
         return DistilledScheduler(mlp, normaliser, cost_profile, feature_set=settings.feature_set, decides=decide,
                                   full_layers=tuple(full_layers), residual=settings.residual)
 
+    scale_regret: dict[float, float] = {}  # a residual scheduler's out-of-fold regret per share of its correction
     if settings.folds > 1:  # every prompt predicted by the fold's model that never saw it; the artifact sees all
         held = fold_masks(decisions, settings.folds, settings.seed)
         schedulers = [scheduler_for(decisions.subset(~mask)) for mask in held]
         scheduler = scheduler_for(decisions)
+        fold_of = {g: i for i, mask in enumerate(held) for g, h in zip(decisions.groups, mask.tolist(), strict=True) if h}
+        step_models = [[schedulers[fold_of[k]] for k in keys] for keys in step_keys]
+        if settings.residual:  # the share of the correction that decides best on prompts its fold never saw
+            full = [_step_margins(priced, models) for priced, models in zip(steps, step_models, strict=True)]
+            scale, scale_regret = choose_correction_scale([margins for margins, _ in full], [kept for _, kept in full])
+            for model in (*schedulers, scheduler):
+                model.correction_scale = scale
         train, test = decisions, decisions
         predicted = torch.zeros(len(decisions.groups))
         for mask, fold in zip(held, schedulers, strict=True):
             predicted[mask] = fold.predict(decisions.features[mask])
-        fold_of = {g: i for i, mask in enumerate(held) for g, h in zip(decisions.groups, mask.tolist(), strict=True) if h}
-        step_models = [[schedulers[fold_of[k]] for k in keys] for keys in step_keys]
         held_out_scope = f"{settings.folds}-fold cross-validation over prompts"
     else:
         train_mask, test_mask = split(decisions, settings.holdout, settings.seed)
@@ -297,11 +307,36 @@ def distill(
     scheduler.report = {"train": evaluate(scheduler.predict(train.features), train), "held_out": evaluate(predicted, test),
                         "held_out_scope": held_out_scope, "held_out_by_iteration": by_iteration,
                         "value": VALUE_RATE if _has_rate(tables) else VALUE_RATIO,
+                        "correction_scale_regret": {str(k): v for k, v in scale_regret.items()},
                         "settings": {"holdout": settings.holdout, "folds": settings.folds, "epochs": settings.epochs,
                                      "seed": settings.seed, "features": settings.feature_set,
                                      "huber_delta": settings.huber_delta, "residual": settings.residual,
                                      "catch_up_share": settings.catch_up_share}}
     return scheduler
+
+
+CORRECTION_SCALES = (0.0, 0.25, 0.5, 1.0)  # shares of a residual scheduler's correction ``distill --folds`` weighs
+
+
+def choose_correction_scale(
+    margins: Sequence[torch.Tensor],  # per iteration: [kinds, n] out-of-fold margins with the whole correction
+    priced: Sequence[PricedSteps],  # the same steps (with the rule's margins)
+) -> tuple[float, dict[float, float]]:
+    """The share of a residual scheduler's correction whose choices have the least out-of-fold regret over every
+    iteration's steps, ties to the smaller share (nearer the rule), and each share's regret.
+
+    The margin at share s is the rule's plus s times the correction. Share 0 is the rule itself, so a correction that
+    the held-out prompts do not bear out is not shipped: the scheduler then decides as the rule."""
+    regret = {}
+    for scale in CORRECTION_SCALES:
+        total, steps = 0.0, 0
+        for whole, kept in zip(margins, priced, strict=True):
+            rule = torch.stack([kept.rule_margins[kind] for kind in kept.values])  # [kinds, n]
+            result = evaluate_steps(rule + scale * (whole - rule), kept)
+            total += result["policies"]["mlp"]["regret"] * result["steps"]
+            steps += result["steps"]
+        regret[scale] = total / max(steps, 1)
+    return min(regret, key=lambda scale: (regret[scale], scale)), regret
 
 
 def _step_margins(priced: PricedSteps, models: Sequence[DistilledScheduler | None]) -> tuple[torch.Tensor, PricedSteps]:
