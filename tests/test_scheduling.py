@@ -24,7 +24,7 @@ from treegraft_cli.methods.treegraft import TreeGraftMethod
 from treegraft_cli.pipeline import Pipeline
 from treegraft_cli.profiles import load_profile, profiles_dir
 from treegraft_cli.scheduling.artifact import DistilledScheduler, Normaliser, build_mlp, load_scheduler
-from treegraft_cli.scheduling.cost_profile import CostProfile, load_cost_profile, save_cost_profile
+from treegraft_cli.scheduling.cost_profile import CostProfile, check_profile_pair, load_cost_profile, save_cost_profile
 from treegraft_cli.scheduling.distill import Decisions, DistillSettings, choose_correction_scale, fit
 from treegraft_cli.scheduling.history import StepHistory
 from treegraft_cli.scheduling.options import TreeGraftConfig
@@ -755,3 +755,28 @@ def test_learned_step_rule_explores_the_weak_kind_it_stopped_taking():
     rule, taken = explored_kinds(1.0, 9)
     assert taken == ["short", "short", "weak", "full", "short", "short", "short", "weak", "full"]
     assert rule.kinds["weak"].backoff == 4  # both weak explorations lost to the scheduler's next choice
+
+
+def test_treegraft_on_a_modelled_clock_takes_the_same_steps_in_every_run(cost_file, tiny_self_pair):
+    """``-o clock=PROFILE``: the step rule times each step at its modelled time under the profile instead of the
+    wall clock, so two runs take the same steps and verify the same trees; the output stays plain greedy's, and a
+    profile measured on another pair is refused."""
+    drafter, target = tiny_self_pair
+    profile = load_cost_profile(cost_file[0])
+    config = DecodeConfig(method="treegraft", tree=TreeConfig(budget=12, depth=3, top_k=3), max_new_tokens=24,
+                          method_options={"clock": str(cost_file[0])})
+    pipeline = Pipeline(target=target, drafter=drafter)
+    prompt = pipeline.encode_chat([{"role": "user", "content": "one two three one two three one two"}])
+    runs = []
+    for _ in range(2):
+        decoder = pipeline.decoder(config)
+        generation = decoder.generate(prompt)
+        assert generation.output_ids == reference_greedy(target, prompt, 24)
+        method = decoder.method
+        assert method.policy.clock is method.clock and method.clock() > 0
+        runs.append([(s.accepted_length, s.nodes_verified, s.drafter_calls) for s in generation.steps])
+        strong_calls = sum(s.drafter_calls.get("model", 0) for s in generation.steps)
+    assert runs[0] == runs[1]
+    assert strong_calls > 0 and any(not s.drafter_calls.get("model") for s in generation.steps)
+    with pytest.raises(ConfigError, match="measured on the pair"):
+        check_profile_pair(profile, "qwen2.5-coder-0.5b:qwen2.5-coder-1.5b", "costs.yaml")

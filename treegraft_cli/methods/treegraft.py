@@ -20,6 +20,8 @@ from ..drafters.ngram import NgramIndex, TargetLogProbCache
 from ..grafting.builder import LayerLoop, LayerRecord
 from ..hostlists import longs
 from ..lm import on_device_of
+from ..scheduling.clock import ModelledClock, Outcome
+from ..scheduling.cost_profile import check_profile_pair, load_cost_profile
 from ..scheduling.costs import COST_CONTEXT, measure_costs
 from ..scheduling.history import StepHistory
 from ..scheduling.options import TreeGraftConfig
@@ -66,6 +68,12 @@ class TreeGraftMethod(Method):
         self.policy: CallPolicy = make_policy(self.policy_spec(self.options), self.options)
         self.policy.check_pair(models.pair)
         self.costs = CostModel(self.options.verify_ms, self.options.strong_ms)
+        # ``clock``: the profile whose modelled step times the policy measures (None: the wall clock)
+        self.clock_profile = load_cost_profile(self.options.clock) if self.options.clock else None
+        if self.clock_profile is not None:
+            check_profile_pair(self.clock_profile, models.pair, self.options.clock)
+        self.clock = ModelledClock()
+        self.step_ms = 0.0  # the step being decoded's modelled time
         self.prompt_length = 0
         # this request's recent steps: measured for a policy that reads the extended features, and for ``collect``
         self.measure_history = self.policy.feature_set != "paper"
@@ -113,7 +121,12 @@ class TreeGraftMethod(Method):
             self.target_logp.reset()
         if self.strong is not None:
             self.strong.reset()
-        if self.needs_costs:
+        if self.clock_profile is not None:  # the costs the modelled clock charges, as the profile's hardware measures them
+            tree = self.config.tree
+            self.costs = self.clock_profile.cost_model(tree.budget, tree.top_k, COST_CONTEXT)
+            self.clock = ModelledClock()
+            self.policy.time_by(self.clock)
+        elif self.needs_costs:
             self.costs = self.measured_costs(prefill.prompt_ids)
 
     @property
@@ -140,7 +153,12 @@ class TreeGraftMethod(Method):
     def draft(self, committed: torch.Tensor) -> DraftTree:
         """The tree is built on the host (or left on the strong drafter's device when nothing reads it there:
         ``device_tree``); verification gets it moved to the target's device."""
-        return self.build(committed, device_tree=self.device_tree)[0].to(self.models.target.device)
+        lag = self.loop.strong_lag(committed)  # before the build moves the strong drafter
+        tree, records = self.build(committed, device_tree=self.device_tree)
+        if self.clock_profile is not None:
+            outcome = Outcome.of_build(0, tree, records)
+            self.step_ms = outcome.ms(self.clock_profile, self.config.tree.top_k, int(committed.numel()), lag)
+        return tree.to(self.models.target.device)
 
     @property
     def device_tree(self) -> bool:
@@ -211,6 +229,7 @@ class TreeGraftMethod(Method):
                 self.target_logp.append_top(root_position, values, tokens)
             # the target's token after each verified node: the next accepted node's, then the bonus
             verified = observation.root_path
+            self.clock.advance(self.step_ms)  # before the policy reads the step's time (modelled time only)
             self.policy.observe(tree, verified, longs(observation.new_tokens))
             if self.history is not None:
                 calls = sum(record.called for record in self.last_records)

@@ -165,5 +165,13 @@ def load_cost_profile(path: Path) -> CostProfile:
     return profile_from_document(document, str(path))
 
 
+def check_profile_pair(profile: CostProfile, pair: str, source: str) -> None:
+    """Refuse a profile measured on another DRAFTER:TARGET pair (its times are that pair's); an unknown pair on either
+    side is not checked."""
+    if pair and profile.pair and profile.pair != pair:
+        raise ConfigError(f"cost profile {source} was measured on the pair {profile.pair}, not {pair}",
+                          f"measure this pair's: treegraft profile --pair {pair} --out FILE")
+
+
 def save_cost_profile(profile: CostProfile, path: Path) -> None:
     atomic_write_text(path, yaml.safe_dump(profile_document(profile), sort_keys=False, default_flow_style=None))

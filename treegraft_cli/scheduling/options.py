@@ -52,6 +52,10 @@ class TreeGraftConfig:
       each strong layer reads its lookup back.
     - min_margin: a distilled scheduler calls only where its predicted margin over not calling exceeds this
       many tokens (0: wherever it is positive); a margin for the value system's error.
+    - clock: a cost profile (``treegraft profile``'s YAML) on whose modelled step times the call policy measures its
+      steps instead of the wall clock ("" = the wall clock), as ``collect`` decides (``scheduling.clock``): decisions,
+      trees and accepted lengths that repeat from run to run whatever else the machine is doing, at the price of
+      deciding from the profile's times rather than this run's.
     - scheduler: a distilled scheduler artifact (``treegraft distill``); with no ``policy`` given,
       ``treegraft`` then decides with it (policy ``learned``).
     """
@@ -74,6 +78,7 @@ class TreeGraftConfig:
     scheduler: str = ""
     min_margin: float = 0.0
     device_layers: bool = True
+    clock: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", parse_layers(self.layers))

@@ -81,7 +81,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -93,6 +93,7 @@ from ..methods import Method, Observation, Prefill
 from ..methods.treegraft import TreeGraftMethod
 from ..pipeline import Pipeline, chat_messages
 from ..tree import DraftTree
+from .clock import ModelledClock, Outcome
 from .cost_profile import CostProfile, profile_document, profile_from_document
 from .costs import COST_CONTEXT
 from .policies import FEATURE_NAMES, HISTORY_FEATURE_NAMES, CallPolicy, MeasuredValues
@@ -145,51 +146,6 @@ class CollectSettings:
 
 POLICY_ITSELF = "policy"  # the continuation after a probed layer is the real policy
 SHORT_LAYERS = (1,)  # a short step's layers in per-step rollouts (the step rule's default)
-
-
-class ModelledClock:
-    """The driving policy's clock: seconds of modelled time, advanced by each decoded step's time under the
-    collection's cost profile (see the module docstring)."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-
-    def __call__(self) -> float:
-        return self.seconds
-
-    def advance(self, ms: float) -> None:
-        self.seconds += ms / 1000.0
-
-
-class CalledLayer(Protocol):
-    """What an outcome reads of a layer's record (``grafting.builder.LayerRecord``)."""
-
-    called: bool
-    forwarded: int  # tree nodes the layer's strong call forwarded
-
-
-@dataclass(frozen=True)
-class Outcome:
-    tau: int  # accepted draft tokens + the bonus
-    nodes: int  # non-root nodes verified
-    calls: int  # strong drafter calls
-    weak: int  # weak n-gram layers
-    forwarded: tuple[int, ...] = ()  # [calls] tree nodes each strong call forwarded
-
-    @classmethod
-    def of_build(cls, tau: int, tree: DraftTree, records: Sequence[CalledLayer]) -> Outcome:
-        """The counts of one build of a step: its tree and its layers' records."""
-        forwarded = tuple(r.forwarded for r in records if r.called)
-        return cls(tau, tree.size, len(forwarded), len(records) - len(forwarded), forwarded)
-
-    def columns(self, action: str) -> dict[str, Any]:
-        """The outcome as rollout columns named after ``action`` (``call``, ``skip`` or ``real``)."""
-        return {f"tau_{action}": self.tau, f"nodes_{action}": self.nodes, f"calls_{action}": self.calls,
-                f"weak_{action}": self.weak, f"forwarded_{action}": list(self.forwarded)}
-
-    def ms(self, costs: CostProfile, width: int, context: int, lag: int) -> float:
-        """The step's modelled time under ``costs`` (the root verified with the nodes)."""
-        return costs.step_ms(self.nodes + 1, self.calls, self.weak, width, context, lag, self.forwarded)
 
 
 def rule_columns(measured: MeasuredValues | None) -> dict[str, float]:
