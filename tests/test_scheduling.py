@@ -457,17 +457,18 @@ def test_an_artifact_for_another_pair_or_feature_set_is_refused(tmp_path, tiny_s
         load_scheduler(path)
 
 
-def test_a_profile_finds_its_shipped_scheduler_beside_it(tmp_path, monkeypatch):
+def test_a_profile_finds_its_shipped_scheduler_and_clock_beside_it(tmp_path, monkeypatch):
     profiles = tmp_path / "profiles"
     (profiles / "schedulers").mkdir(parents=True)
     learned_artifact(profiles / "schedulers")
     (profiles / "pair.yaml").write_text(yaml.safe_dump({
         "pair": PAIR, "dtype": "fp32", "decode": {"method": "treegraft"},
-        "method_options": {"treegraft": {"scheduler": "schedulers/scheduler.json"}}}))
+        "method_options": {"treegraft": {"scheduler": "schedulers/scheduler.json", "clock": "costs/this.yaml"}}}))
     monkeypatch.chdir(tmp_path / "profiles" / "schedulers")  # anywhere but the profile's directory
-    scheduler = load_profile(str(profiles / "pair.yaml")).method_options["treegraft"]["scheduler"]
-    assert scheduler == str(profiles / "schedulers" / "scheduler.json")
-    load_scheduler(scheduler)
+    options = load_profile(str(profiles / "pair.yaml")).method_options["treegraft"]
+    assert options["scheduler"] == str(profiles / "schedulers" / "scheduler.json")
+    assert options["clock"] == str(profiles / "costs" / "this.yaml")  # the modelled clock's cost profile too
+    load_scheduler(options["scheduler"])
 
 
 def test_the_qwen_pairs_profile_ships_a_scheduler_priced_under_its_shipped_cost_profile():

@@ -15,7 +15,7 @@ A profile file (``profiles/NAME.yaml``)::
       tree: {budget: 63, depth: 5, top_k: 10}
       sampling: {temperature: 0.0}
     method_options:                    # per method: that method's own option names
-      treegraft: {lookback: 5, call_budget: 5}   # scheduler: FILE is read relative to this file
+      treegraft: {lookback: 5, call_budget: 5}   # scheduler: FILE and clock: FILE are read relative to this file
     cost: {...}                        # optional: measured costs (free-form mapping)
     tuned: {...}                       # optional: provenance written by `treegraft tune`
 
@@ -152,7 +152,7 @@ def load_profile_file(path: Path) -> Profile:
     return _files_beside(profile_from_mapping(document, str(path), path.stem), path.parent)
 
 
-FILE_OPTIONS = ("scheduler",)  # method options that name a file: relative to the profile's own directory
+FILE_OPTIONS = ("scheduler", "clock")  # method options that name a file: relative to the profile's own directory
 
 
 def _files_beside(profile: Profile, directory: Path) -> Profile:
