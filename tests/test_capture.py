@@ -26,7 +26,7 @@ def test_buckets_are_powers_of_two():
     assert [bucket(n) for n in (1, 2, 3, 5, 16, 17, 64, 65)] == [1, 2, 4, 8, 16, 32, 64, 128]
 
 
-@pytest.mark.parametrize("method", ["ar", "chain", "dense", "adjacency", "graft", "all-small", "all-mid", "treegraft"])
+@pytest.mark.parametrize("method", ["ar", "chain", "dense", "adjacency", "graft", "all-small", "all-mid", "fixed:1,3", "treegraft"])
 def test_static_shapes_match_greedy(tiny_self_pair, method):
     prompt = repetitive_prompt(5)
     expected = reference_greedy(tiny_self_pair[1], prompt, 40)

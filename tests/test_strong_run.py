@@ -44,8 +44,9 @@ def test_policies_plan_the_layers_they_call_from_the_first_on():
     assert FixedLayers(5, (2, 3)).planned_calls(4) == 0
 
 
-def drafted(pair, method: str, prompt: torch.Tensor, **options) -> tuple[list[dict], list[int], list[int]]:
-    """Every tree the method drafted (its columns and ancestor mask), the output, and each step's reads."""
+def drafted(pair, method: str, prompt: torch.Tensor, **options) -> tuple[list[dict], list[int], list[int], int]:
+    """Every tree the method drafted (its columns and ancestor mask), the output, each step's reads, and the strong
+    drafter's forwards."""
     drafter, target = pair
     config = DecodeConfig(method=method, tree=TREE, max_new_tokens=NEW_TOKENS, method_options=options)
     decoder = SpeculativeDecoder(CausalLM(target.model), config, drafter=CausalLM(drafter.model))
@@ -59,7 +60,8 @@ def drafted(pair, method: str, prompt: torch.Tensor, **options) -> tuple[list[di
 
     decoder.method.draft = recording
     result = decoder.generate(prompt)
-    return trees, result.output_ids, [step.syncs for step in result.steps]
+    return (trees, result.output_ids, [step.syncs for step in result.steps],
+            sum(step.drafter_calls.get("model", 0) for step in result.steps))
 
 
 @pytest.mark.parametrize(("method", "options"), [
@@ -85,10 +87,29 @@ def test_the_device_run_drafts_the_host_loops_trees_with_one_read(request, metho
         assert max(on_device[2]) == 2 and max(on_host[2]) >= 3
 
 
+@pytest.mark.parametrize("method", ["fixed:1,3", "fixed:1"])
+@pytest.mark.parametrize("pair_name", ["tiny_self_pair", "tiny_pair"])
+def test_a_lone_first_layer_call_made_ahead_drafts_the_same_trees_with_one_read_less(request, method, pair_name):
+    """The next step's layer-1 call, made before the verdict is read over the tokens the step commits padded to the
+    tree's depth, grafts what the call made in its own step grafts (its root row from another forward: the same up to
+    float rounding), keeps the drafter's cache right for the calls after it, and saves that call's read."""
+    pair = request.getfixturevalue(pair_name)
+    prompt = torch.cat([random_prompt(5, length=12)] * 2)
+    in_step = drafted(pair, method, prompt, look_ahead=False)
+    ahead = drafted(pair, method, prompt)
+    assert len(ahead[0]) == len(in_step[0]) > 3
+    for step, (early, late) in enumerate(zip(ahead[0], in_step[0], strict=True)):
+        assert {k: v for k, v in early.items() if k != "scores"} == {k: v for k, v in late.items() if k != "scores"}, step
+        assert early["scores"] == pytest.approx(late["scores"], abs=1e-5), step
+    assert ahead[1] == in_step[1] == reference_greedy(pair[1], prompt, NEW_TOKENS)
+    assert [syncs + 1 for syncs in ahead[2]] == in_step[2]
+    assert ahead[3] == in_step[3]  # the call moved, not added: the first step's after the prefill, the last step's extra
+
+
 def test_the_step_rules_strong_steps_read_twice(tiny_self_pair):
     """Verification priced far above a strong call: the step rule takes full strong steps, each one run."""
     prompt = torch.cat([random_prompt(6, length=12)] * 2)
-    trees, output, reads = drafted(tiny_self_pair, "treegraft", prompt, verify_ms=100.0, strong_ms=5.0)
+    trees, output, reads, _ = drafted(tiny_self_pair, "treegraft", prompt, verify_ms=100.0, strong_ms=5.0)
     full = [step for step, tree in enumerate(trees) if sum(origin == 1 for origin in tree["origins"]) > TREE.top_k]
     assert full and max(reads) == 2
     assert output == reference_greedy(tiny_self_pair[1], prompt, NEW_TOKENS)

@@ -32,7 +32,8 @@ DECIDING_CHECKPOINTS = 2
 # adjacency how many retrieved nodes are new, graft whether a checkpoint fires (the firing one's graft size
 # rides along), the TreeGraft loop what a strong call sends back: once for the strong layers run on the device
 # from layer 1 on (the step rule's strong steps, fixed:1,2 ...), then once per call on the host (fixed:1,3 calls at
-# layer 3 after a weak layer); never for a run over every layer that nothing reads on the host (all-mid).
+# layer 3 after a weak layer); never for a run over every layer that nothing reads on the host (all-mid), nor for a
+# lone layer-1 call, made ahead and read with the step before's verdict (fixed:1,3, fixed:1).
 LIMITS = {
     "ar": lambda calls: 1,
     "chain": lambda calls: 1,
@@ -43,7 +44,8 @@ LIMITS = {
     "all-small": lambda calls: 1,
     "all-mid": lambda calls: 1,
     "fixed:1,2": lambda calls: 2,
-    "fixed:1,3": lambda calls: 1 + calls,
+    "fixed:1,3": lambda calls: 2,
+    "fixed:1": lambda calls: 1,
     "treegraft": lambda calls: 2,
 }
 

@@ -13,7 +13,8 @@ from treegraft_cli.config import DecodeConfig, TreeConfig
 from treegraft_cli.drafters.ngram import NgramIndex, TargetLogProbCache
 from treegraft_cli.engine import SpeculativeDecoder
 from treegraft_cli.errors import ConfigError
-from treegraft_cli.grafting.builder import Growth, needed_nodes
+from treegraft_cli.grafting.builder import Growth
+from treegraft_cli.grafting.strong_call import needed_nodes
 from treegraft_cli.grafting.tree_ops import cut_to_budget, graft_window
 from treegraft_cli.lm import CausalLM
 from treegraft_cli.methods import Models, Prefill, create_method

@@ -52,7 +52,8 @@ def draft_tree(parents: torch.Tensor, tokens: torch.Tensor) -> DraftTree:  # [1,
 @given(tree=trees)
 def test_step_verdicts_greedy_and_device_read_the_same(tree):
     """What the engine makes of one read: the host walk over the choices and the device verdict agree on the accepted
-    nodes, the new tokens, depths and origins; both find the reference's rows along the accepted path."""
+    nodes, the new tokens, depths and origins; both find the reference's rows along the accepted path, and the tokens
+    the step commits (what a drafter forwards ahead of the read) before any read."""
     parents, tokens, choices = random_case(*tree)
     drafted = draft_tree(parents, tokens)
     want = verify.accept(tokens, parents, choices)
@@ -65,3 +66,6 @@ def test_step_verdicts_greedy_and_device_read_the_same(tree):
     accepted, new_tokens, depths, origins = greedy.unpack(greedy.packed().tolist())
     assert new_tokens[-1] == int(want.bonus[0]) and len(accepted) == int(want.num_accepted[0]) + 1
     assert depths == drafted.depths[1:].tolist() and origins == drafted.origins[1:].tolist()
+    for verdict in (greedy, device):
+        block, count = verdict.committed_block(verdict.path_rows(deepest))
+        assert count.tolist() == [len(new_tokens) - 1] and block.tolist()[: len(new_tokens)] == new_tokens

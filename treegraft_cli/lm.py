@@ -71,6 +71,11 @@ def on_device_of(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor if tensor.device == device else tensor.to(device, non_blocking=True)
 
 
+def _keeps_rows(logits_to_keep: int | torch.Tensor) -> bool:
+    """Whether ``CausalLM.forward`` passes ``logits_to_keep`` on: row indices, or a positive count."""
+    return isinstance(logits_to_keep, torch.Tensor) or logits_to_keep > 0
+
+
 def decoder_layers(model: PreTrainedModel) -> Sequence[torch.nn.Module]:
     """The decoder layer list of a causal LM (llama, qwen2/3, gemma3 text and their truncations)."""
     layers = getattr(model.get_decoder(), "layers", None)
@@ -170,7 +175,7 @@ class CausalLM:
         input_ids: torch.Tensor,  # [n]
         position_ids: torch.Tensor | None = None,  # [n]; default: continue after the cache
         visible: torch.Tensor | None = None,  # [n, cache_length + n] bool; default: causal
-        logits_to_keep: int = 0,
+        logits_to_keep: int | torch.Tensor = 0,  # or [r] row indices on the device
         mask: torch.Tensor | None = None,  # [n, cache_length + n] or [1, 1, n, cache_length + n] additive, in
         # self.dtype: instead of ``visible``
     ) -> torch.Tensor:
@@ -178,7 +183,8 @@ class CausalLM:
 
         ``logits_to_keep`` > 0 returns only the last that many rows: a drafter catching up on a long
         prompt needs the last row alone, and the LM head over every prompt row would cost as much as a
-        third of the forward. A caller that builds the additive ``mask`` itself spares the bool one's conversion.
+        third of the forward. A tensor of row indices returns those rows (``[r, vocab]``): rows the host has not read
+        yet. A caller that builds the additive ``mask`` itself spares the bool one's conversion.
         """
         if mask is None and visible is not None:
             mask = additive_mask(visible, self.dtype)  # [1, 1, n, width]: taken as it is below
@@ -188,7 +194,7 @@ class CausalLM:
         return self._forward(input_ids, position_ids, mask if mask is None or mask.ndim == 4 else mask[None, None],
                              logits_to_keep)
 
-    def _forward_static_rows(self, input_ids, position_ids, mask, logits_to_keep: int) -> torch.Tensor:
+    def _forward_static_rows(self, input_ids, position_ids, mask, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
         """``forward`` over the static cache: padded to a bucket (``StaticForwards.rows_inputs``) up to
         ``CAPTURED_ROWS`` rows, else eagerly with the mask widened to the whole cache (no mask: causal, which the
         model builds)."""
@@ -204,7 +210,10 @@ class CausalLM:
         if position_ids is None:
             position_ids = torch.arange(prefix, prefix + n, device=self.device)
         logits = self._run_static(static.rows_inputs(input_ids, position_ids, mask, prefix), prefix, n)
-        logits = logits[n - logits_to_keep : n] if 0 < logits_to_keep < n else logits[:n]
+        if isinstance(logits_to_keep, torch.Tensor):
+            logits = logits.index_select(0, logits_to_keep)
+        else:
+            logits = logits[n - logits_to_keep : n] if 0 < logits_to_keep < n else logits[:n]
         # a drafter keeps rows of one forward while it runs the next, which a replay would write over
         return logits.clone() if static.reuses_outputs else logits
 
@@ -214,7 +223,7 @@ class CausalLM:
         input_ids: torch.Tensor,  # [n]
         position_ids: torch.Tensor | None,  # [n]
         attention_mask: torch.Tensor | None,  # [1, 1, n, cache_length + n] additive
-        logits_to_keep: int = 0,
+        logits_to_keep: int | torch.Tensor = 0,
     ) -> torch.Tensor:
         n = input_ids.shape[0]
         if position_ids is None:
@@ -229,7 +238,7 @@ class CausalLM:
                 attention_mask=attention_mask,
                 **{self._cache_keyword: self.cache},
                 use_cache=True,
-                **({"logits_to_keep": logits_to_keep} if logits_to_keep > 0 else {}),
+                **({"logits_to_keep": logits_to_keep} if _keeps_rows(logits_to_keep) else {}),
             )
         if self.capture_indices:
             self.last_hidden = torch.cat([captured[i][0].to(self.device) for i in self.capture_indices], dim=-1)

@@ -231,6 +231,21 @@ class StepVerdict:
         nodes = torch.arange(tree.num_nodes, device=tree.device).mul_(accepted)  # accepted node indices, 0 elsewhere
         return torch.zeros(depth + 1, dtype=torch.long, device=tree.device).index_add_(0, tree.depths, nodes)
 
+    def committed_block(
+        self, path: torch.Tensor  # [depth + 1] ``path_rows(depth)``, depth the tree's deepest
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [depth + 1], [1] on the device
+        """The tokens this step commits, before the read: the accepted nodes' tokens and the bonus, then anything up to
+        ``depth`` + 1 tokens; and how many nodes were accepted (the bonus's index). What a drafter forwards ahead of
+        the read (``TreeDrafter.forward_ahead``), which keeps nothing past the bonus.
+
+        Greedy, each accepted node's token is its parent's choice and the bonus the deepest one's: the choices along
+        the path."""
+        accepted = (path[1:] > 0).sum(0, keepdim=True)  # [1]
+        if self.choices is not None:
+            return self.choices[0].index_select(0, path), accepted
+        tokens = self.tree.tokens.index_select(0, path.roll(-1))  # [depth + 1] the accepted tokens, then the root's
+        return tokens.index_copy_(0, accepted, self.device_verdict.bonus[:1]), accepted
+
     def packed(self) -> torch.Tensor:  # [5 · nodes] greedy, [2 + 4 · nodes] sampling
         """What the step reads: the verdict's part and the tree's tokens, depths and origins (for the acceptance
         statistics), one tensor."""

@@ -23,12 +23,14 @@ from .model import ModelDrafter, hide_all, show_tree
 
 class TreeDrafter(ModelDrafter):
     takes_device_trees = True  # its forward reads nothing of the tree on the host: a tree on its device costs no read
+    looks_ahead = True  # ``forward_ahead``: the next step's first call, before the host reads this step's verdict
 
     def __init__(self, lm):
         super().__init__(lm)
         self.logp_rows = LogProbRows()  # row 0 the root, then nodes in forward order
         self.root_length = -1  # committed length whose root row is row 0 (kept so a step can be drafted twice: collect)
         self.no_nodes = torch.zeros(0, dtype=torch.long, device=self.device)  # [0]: a forward of the pending tokens alone
+        self.ahead: int | None = None  # the committed tokens ``forward_ahead`` forwarded before its block
 
     @property
     def logp(self) -> torch.Tensor:  # [rows, vocab] float32
@@ -37,6 +39,7 @@ class TreeDrafter(ModelDrafter):
     def reset(self) -> None:
         super().reset()
         self.root_length = -1
+        self.ahead = None
 
     def rewind(self, length: int) -> None:
         """Forget every committed token forwarded past the first ``length``: a collection's probes call the drafter where
@@ -97,6 +100,41 @@ class TreeDrafter(ModelDrafter):
         rows[0].fill_(0)
         if m:
             rows.index_copy_(0, nodes, torch.arange(first, first + m, device=rows.device))
+
+    def forward_ahead(
+        self,
+        committed: torch.Tensor,  # [L] this step's committed tokens, root last
+        block: torch.Tensor,  # [b] what the step commits, then anything (``StepVerdict.committed_block``)
+        accepted: torch.Tensor,  # [1] accepted nodes: the next root's index in ``block``
+        k: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [1, k] twice
+        """The next step's first call, made before the host knows how many tokens this step commits: drop this step's
+        node rows, forward the pending committed tokens and the whole ``block`` (causal), keep the next root's
+        log-prob row as row 0 and return its top-``k`` log-probs and tokens.
+
+        The rows after the root see only rows before them, so they change nothing of it; ``settle_ahead`` crops them
+        once the host has read the verdict. Costs a forward of ``b`` rows where the next step's first call would
+        forward the few the drafter lacks (its node rows of the accepted path are forwarded again), and saves that
+        call's read: the host reads this one with the verdict."""
+        self.lm.crop(self.committed_length)
+        known = on_device_of(committed[self.committed_length :], self.device)
+        tokens = torch.cat([known, on_device_of(block, self.device)])
+        positions = torch.arange(self.committed_length, self.committed_length + tokens.shape[0], device=self.device)
+        root = on_device_of(accepted, self.device) + known.shape[0]  # [1] the root's row in the forward
+        logits = self.lm.forward(tokens, positions, logits_to_keep=root)  # [1, vocab]
+        self.calls += 1
+        self.ahead = known.shape[0]
+        self.logp_rows.keep(0)
+        self.logp_rows.append(logits)
+        return torch.topk(self.logp_rows.view, k)
+
+    def settle_ahead(self, num_accepted: int) -> None:
+        """Keep ``forward_ahead``'s rows of the committed tokens (the known pending ones, ``num_accepted`` nodes' and the
+        bonus's); the bonus is the next root, whose row 0 the next step keeps (a redraft's)."""
+        self.committed_length += self.ahead + num_accepted + 1
+        self.lm.crop(self.committed_length)
+        self.root_length = self.committed_length
+        self.ahead = None
 
     def begin_step_logp(self, committed: torch.Tensor) -> torch.Tensor:  # committed: [L], root last -> [1, vocab]
         """The root's log-probs from the pending committed tokens forwarded as ``forward`` forwards them (row 0 of

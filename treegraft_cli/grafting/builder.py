@@ -23,6 +23,12 @@ the strong score; nothing is deleted. The new children's K best are the next fro
 Strong layers the policy calls from layer 1 on whatever the tree holds run on the strong drafter's device and
 are read back once (``strong_run``); the loop goes on from the layer after them. A run over every layer is not read
 back at all when neither the policy nor the caller reads the tree on the host: it is cut on the device.
+
+A lone strong call at layer 1 of every step (``fixed:1,3``) looks ahead (``LayerLoop.looks_ahead``): it needs only
+the root's log-prob row, and that depends on nothing the host decides after the verdict, only on the tokens the step
+commits, which are on the device once the target has verified. So the strong drafter forwards them there and then
+(the accepted tokens and the bonus, padded to the tree's depth: ``TreeDrafter.forward_ahead``), the root's top-K
+rides along with the verdict's read, and the next step's layer 1 grafts from it without a read of its own.
 """
 
 from __future__ import annotations
@@ -36,7 +42,6 @@ import torch
 from ..config import TreeConfig
 from ..drafters import StrongDrafter
 from ..drafters.dense_layout import OpenLayout
-from ..drafters.logp_rows import LogProbRows
 from ..drafters.ngram import Continuation, NgramIndex, TargetLogProbCache
 from ..hostlists import floats, longs
 from ..lm import on_device_of
@@ -44,6 +49,8 @@ from ..scheduling.options import TreeGraftConfig
 from ..scheduling.policies import CallPolicy, CostModel, SchedulerState, WeakPreview, features, preview_features
 from ..syncs import fetch, host_only
 from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree, RootTrees, float32
+from ..verify import StepVerdict
+from .strong_call import StrongLookup, best_nodes, needed_nodes, rescored, reselect, strong_lookup
 from .strong_run import RunPlan, RunResult, plan_run, run_strong_layers
 from .tree_ops import cut_to_budget
 
@@ -146,6 +153,7 @@ class LayerLoop:
         # what a layer that finds no chains hands on, the same (never written) empty tensors every time:
         # node indices [0], chain tokens [0, 1], their log-probs [0, 1]
         self.nothing = (torch.empty(0, dtype=torch.long), torch.empty(0, 1, dtype=torch.long), torch.empty(0, 1))
+        self.ahead: tuple[int, StrongLookup] | None = None  # the next root's lookup, looked up ahead, by committed length
 
     @property
     def pool(self) -> int:
@@ -185,6 +193,8 @@ class LayerLoop:
             if plan is not None and self.layout is not None:  # every layer strong, and no read
                 records = run_records(plan)
                 return self.strong_tree(committed), records, 0
+        ahead, self.ahead = self.ahead, None
+        root_lookup = ahead[1] if ahead is not None and ahead[0] == committed.shape[0] and not forced else None
         g, records = Growth.start(self.index.context[-1], roots=self.roots), []
         layer = 1
         while layer <= self.shape.depth:
@@ -206,7 +216,7 @@ class LayerLoop:
                 continue
             forwarded = 0
             if call:
-                forwarded = self.strong_layer(g, layer, committed, window)
+                forwarded = self.strong_layer(g, layer, committed, window, root_lookup if layer == 1 else None)
                 g.called.append(layer)
             else:
                 with host_only():
@@ -241,6 +251,37 @@ class LayerLoop:
         policy keeps the cut tree (no trim)."""
         *_, drafted = self.layout.layers(committed)
         return drafted.top_by_score(self.shape.budget)
+
+    def looks_ahead(self, policy: CallPolicy) -> bool:
+        """Whether each step's lone layer-1 call runs before the step before it is read (see the module docstring): the
+        policy calls layer 1 every step, and not as the first of a run (which reads once either way)."""
+        return (self.options.look_ahead and self.strong is not None and self.strong.looks_ahead
+                and policy.calls_first_layer(self.shape.depth) and policy.planned_calls(self.shape.depth) < 2)
+
+    def look_ahead(
+        self,
+        committed: torch.Tensor,  # [L] the step's committed tokens, root last
+        verdict: StepVerdict,
+        path: torch.Tensor,  # [depth + 1] ``verdict.path_rows`` to the tree's deepest
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # [1, K] twice, on the strong drafter's device
+        """Before the verdict is read: the next step's layer-1 call (``TreeDrafter.forward_ahead``); the caller reads
+        its top-K log-probs and tokens with the verdict and hands them to ``settle_ahead``."""
+        block, accepted = verdict.committed_block(path)
+        return self.strong.forward_ahead(committed, block, accepted, self.shape.top_k)
+
+    def settle_ahead(self, length: int, num_accepted: int, top_logp: torch.Tensor, top_tokens: torch.Tensor) -> None:
+        """After the read: the drafter keeps the committed tokens' rows, and the next step (``length`` committed
+        tokens) grafts under its root from the read ``top_logp`` and ``top_tokens`` (``[1, K]`` host tensors)."""
+        self.strong.settle_ahead(num_accepted)
+        with host_only():
+            self.ahead = (length, StrongLookup([], top_logp.tolist(), top_tokens.tolist()))
+
+    def look_ahead_from_prompt(self, committed: torch.Tensor) -> None:  # [L] the prompt and the first root
+        """The first step's layer-1 call, after the prefill: the prompt's catch-up, read with the request's reads."""
+        self.strong.begin_step_logp(committed)
+        top_logp, top_tokens = fetch(*self.strong.logp_rows.top(self.strong.no_nodes.new_zeros(1), self.shape.top_k))
+        with host_only():
+            self.ahead = (committed.shape[0], StrongLookup([], top_logp.tolist(), top_tokens.tolist()))
 
     def strong_lag(self, committed: torch.Tensor) -> int:
         """Committed tokens the strong drafter has yet to forward (the whole prompt before its first call)."""
@@ -349,13 +390,21 @@ class LayerLoop:
 
     # -- call: the strong drafter -------------------------------------------------------------------
 
-    def strong_layer(self, g: Growth, layer: int, committed: torch.Tensor, window: list[int] | None = None) -> int:
+    def strong_layer(
+        self,
+        g: Growth,
+        layer: int,
+        committed: torch.Tensor,
+        window: list[int] | None = None,
+        root_lookup: StrongLookup | None = None,
+    ) -> int:
         """Call: one strong forward, then one read of what the host needs (see ``strong_lookup``). Returns how many
         tree nodes the forward took.
 
-        ``window``: the layer's ``window_nodes`` when the caller has them already. The host tree's bookkeeping
-        runs on host lists: a strong call touches a few dozen nodes, cheaper in Python than in tensor ops of a
-        few microseconds each.
+        ``window``: the layer's ``window_nodes`` when the caller has them already. ``root_lookup``: at layer 1, what
+        the call sends back when it was made ahead (``look_ahead``): the forward then has nothing left to do. The host
+        tree's bookkeeping runs on host lists: a strong call touches a few dozen nodes, cheaper in Python than in
+        tensor ops of a few microseconds each.
         """
         tree, k = g.tree, self.shape.top_k
         with host_only():
@@ -366,7 +415,10 @@ class LayerLoop:
         with host_only():
             rows = g.rows.tolist()
             candidates = [i for i in in_window if rows[i] >= 0]
-        found = strong_lookup(self.strong.logp_rows, parents, tokens, rows, candidates, k)
+        if root_lookup is not None and candidates == [0] and len(parents) == 1:
+            found = root_lookup
+        else:
+            found = strong_lookup(self.strong.logp_rows, parents, tokens, rows, candidates, k)
         with host_only():
             scores = rescored(scores, parents, found.local)
             positions = reselect(scores, candidates, k)
@@ -388,80 +440,6 @@ class LayerLoop:
 def run_records(plan: RunPlan) -> list[LayerRecord]:
     """The records of a run's layers: each called, none forced, the nodes each forwarded by the plan."""
     return [LayerRecord(layer, True, False, None, forwarded=plan.forwarded(layer)) for layer in range(1, plan.layers + 1)]
-
-
-@dataclass(frozen=True)
-class StrongLookup:
-    """What one strong call sends back to the host, read at once: each non-root node's strong log-prob given its
-    parent, and the top-K children of every grafting candidate."""
-
-    local: list[float]  # [num_nodes - 1] nodes 1.. in order
-    top_logp: list[list[float]]  # [candidates, K] the candidates' top-K strong log-probs
-    top_tokens: list[list[int]]  # [candidates, K]
-
-
-def strong_lookup(
-    logp_rows: LogProbRows,  # the strong drafter's log-prob rows of this step, on its device
-    parents: list[int],  # [num_nodes] the host tree's columns
-    tokens: list[int],  # [num_nodes]
-    rows: list[int],  # [num_nodes] each node's row in ``logp_rows``, -1 if none
-    candidates: list[int],  # [c] nodes a reselection may pick (each has a row)
-    k: int,
-) -> StrongLookup:
-    """Gather every node's local strong log-prob and every candidate's top-``k`` children on the device; one read.
-
-    The reselection itself needs the rescored scores, a sequential sum down each path: the host does it
-    (``rescored``, ``reselect``) on what this returns, so the device pass needs no loop over depths.
-    """
-    logp = logp_rows.view  # [rows, vocab]
-    device, m = logp.device, len(parents) - 1
-    vocab = logp.shape[1]
-    # each node's (row, token) entry as a flat index, then the candidates' rows: one host tensor, one copy
-    index = on_device_of(longs([rows[p] * vocab + t for p, t in zip(parents[1:], tokens[1:], strict=True)]
-                               + [rows[c] for c in candidates]), device)
-    local = logp.reshape(-1).index_select(0, index[:m])
-    top_logp, top_tokens = logp_rows.top(index[m:], k)
-    local, top_logp, top_tokens = fetch(local, top_logp, top_tokens)
-    with host_only():
-        return StrongLookup(local.tolist(), top_logp.tolist(), top_tokens.tolist())
-
-
-def needed_nodes(
-    parents: list[int], scores: list[float], rows: list[int], window: list[int], pool: int
-) -> list[int]:  # all [num_nodes] but window: the window's nodes, ascending
-    """Nodes a strong call forwards, in forward order: every unforwarded node with children (they need rescoring),
-    ascending, so each comes after its ancestors and a committed path's cache rows ascend; then the best ``pool``
-    window nodes without a row and without children, best first (the root's row comes with the pending committed
-    tokens). A run forwards its positions in the same order (``run_strong_layers``, ``OpenLayout``)."""
-    with_children = {p for p in parents[1:] if p > 0 and rows[p] < 0}
-    best = best_nodes(scores, [i for i in window if i > 0 and rows[i] < 0], pool)
-    return sorted(with_children) + [i for i in best if i not in with_children]
-
-
-def best_nodes(scores: list[float], allowed: list[int], k: int) -> list[int]:
-    """``top_nodes`` on host lists: up to ``k`` of ``allowed`` (ascending), best score first, ties to the lower index."""
-    return sorted(allowed, key=lambda i: -scores[i])[:k]
-
-
-def rescored(scores: list[float], parents: list[int], local: list[float]) -> list[float]:  # [num_nodes]
-    """Every node's cumulative strong log-prob along its root path, summed in float32 parents first (the root's
-    score stays): the values a float32 pass per depth gives."""
-    scores = list(scores)
-    for i in range(1, len(scores)):
-        scores[i] = float32(scores[parents[i]] + local[i - 1])
-    return scores
-
-
-def reselect(scores: list[float], candidates: list[int], k: int) -> list[int]:
-    """The ``k`` best candidates by score, best first, as a stable descending sort of every node's score (-inf
-    off the candidates) picks them: candidates scored -inf compete with the other nodes by index."""
-    order = [i for i in best_nodes(scores, candidates, k) if scores[i] > float("-inf")]
-    if len(order) == k:
-        return order
-    finite = set(order)
-    chosen = set(candidates)
-    rest = (i for i in range(len(scores)) if i not in finite)
-    return order + [i for i in itertools.islice(rest, k - len(order)) if i in chosen]
 
 
 def _path_tail(node: int, tokens: list[int], parent_of: list[int], count: int) -> list[int]:

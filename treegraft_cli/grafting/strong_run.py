@@ -131,7 +131,7 @@ def best(
     allowed: torch.Tensor | None,  # [n] bool; None: every node
     k: int,
 ) -> torch.Tensor:  # [k]
-    """``builder.best_nodes`` on the device: ``k`` allowed nodes, best score first, ties to the lower index. The
+    """``strong_call.best_nodes`` on the device: ``k`` allowed nodes, best score first, ties to the lower index. The
     plan guarantees at least ``k`` allowed nodes, all with finite scores."""
     masked = scores if allowed is None else torch.where(allowed, scores, float("-inf"))
     return torch.sort(masked, descending=True, stable=True).indices[:k]

@@ -81,6 +81,8 @@ class TreeGraftMethod(Method):
         self.history: StepHistory | None = None
         self.last_records: list[LayerRecord] = []
         self.weak_expansions = 0
+        self.committed = torch.zeros(0, dtype=torch.long)  # [L] the step being decoded's committed tokens, root last
+        self.looked_ahead = False  # this step's readback made the next step's layer-1 call (``LayerLoop.look_ahead``)
 
     @classmethod
     def options_from_argument(cls, argument: str) -> dict[str, Any]:
@@ -121,6 +123,10 @@ class TreeGraftMethod(Method):
             self.target_logp.reset()
         if self.strong is not None:
             self.strong.reset()
+        self.loop.ahead = None
+        if self.looks_ahead and prefill.first_token is not None:
+            first = on_device_of(longs([prefill.first_token]), prefill.prompt_ids.device)
+            self.loop.look_ahead_from_prompt(torch.cat([prefill.prompt_ids, first]))
         if self.clock_profile is not None:  # the costs the modelled clock charges, as the profile's hardware measures them
             tree = self.config.tree
             self.costs = self.clock_profile.cost_model(tree.budget, tree.top_k, COST_CONTEXT)
@@ -128,6 +134,12 @@ class TreeGraftMethod(Method):
             self.policy.time_by(self.clock)
         elif self.needs_costs:
             self.costs = self.measured_costs(prefill.prompt_ids)
+
+    @property
+    def looks_ahead(self) -> bool:
+        """Whether each step makes the next step's layer-1 call before its verdict is read (``LayerLoop.looks_ahead``);
+        not for ``collect``, whose probes draft a step several ways."""
+        return not self.probed and self.loop.looks_ahead(self.policy)
 
     @property
     def keeps_target_logp(self) -> bool:
@@ -154,6 +166,7 @@ class TreeGraftMethod(Method):
         """The tree is built on the host (or left on the strong drafter's device when nothing reads it there:
         ``device_tree``); verification gets it moved to the target's device."""
         lag = self.loop.strong_lag(committed)  # before the build moves the strong drafter
+        self.committed = committed
         tree, records = self.build(committed, device_tree=self.device_tree)
         if self.clock_profile is not None:
             outcome = Outcome.of_build(0, tree, records)
@@ -191,11 +204,17 @@ class TreeGraftMethod(Method):
     def readback(self, tree: DraftTree, verdict: StepVerdict, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Read with the verdict: a device tree's drafter cache rows (``kv_slot``), for the strong drafter's commit;
         the target's top-W log-probs at the root and the accepted nodes (rows along the path, at most its depth + 1),
-        for the n-gram scores, unless no step drafts weak layers."""
-        slots = () if self.built_tree.host else (tree.kv_slot,)
-        if not self.keeps_target_logp:
-            return slots
-        return slots + self.target_rows(verdict.path_rows(max(self.built_tree.listed("depths"))), logits)
+        for the n-gram scores, unless no step drafts weak layers; the next step's root lookup when it looks ahead."""
+        extras = () if self.built_tree.host else (tree.kv_slot,)
+        self.looked_ahead = self.looks_ahead and self.built_tree.host
+        if not (self.keeps_target_logp or self.looked_ahead):
+            return extras
+        path = verdict.path_rows(max(self.built_tree.listed("depths")))
+        if self.keeps_target_logp:
+            extras += self.target_rows(path, logits)
+        if self.looked_ahead:
+            extras += self.loop.look_ahead(self.committed, verdict, path)
+        return extras
 
     def target_rows(
         self,
@@ -208,7 +227,11 @@ class TreeGraftMethod(Method):
     def observe(self, observation: Observation) -> None:
         a = observation.num_accepted
         tree, host = self.built_tree, observation.host
-        if self.strong is not None:
+        if self.looked_ahead:
+            *host, top_logp, top_tokens = host
+            self.loop.settle_ahead(observation.committed.shape[0], a, top_logp, top_tokens)
+            self.looked_ahead = False
+        elif self.strong is not None:
             forwarded = None  # counted from the tree: a host tree's rows, or one read of a device tree's
             if not tree.host and host:
                 with host_only():

@@ -50,6 +50,9 @@ class TreeGraftConfig:
     - device_layers: strong layers the policy calls from layer 1 on whatever the tree holds (``all-mid``,
       ``fixed:1,2``) run on the strong drafter's device and are read back once (``grafting.strong_run``); false:
       each strong layer reads its lookup back.
+    - look_ahead: a policy that calls the strong drafter alone at layer 1 of every step (``fixed:1,3``) makes that
+      call before the step before it is read, over the tokens that step commits padded to its depth, and reads its
+      answer with that step's verdict (``grafting.builder``): one read a step fewer for a forward of a few more rows.
     - min_margin: a distilled scheduler calls only where its predicted margin over not calling exceeds this
       many tokens (0: wherever it is positive); a margin for the value system's error.
     - clock: a cost profile (``treegraft profile``'s YAML) on whose modelled step times the call policy measures its
@@ -78,6 +81,7 @@ class TreeGraftConfig:
     scheduler: str = ""
     min_margin: float = 0.0
     device_layers: bool = True
+    look_ahead: bool = True
     clock: str = ""
 
     def __post_init__(self) -> None:

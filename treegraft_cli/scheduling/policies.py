@@ -347,6 +347,11 @@ class CallPolicy(ABC):
         reading once (``grafting.strong_run``)."""
         return 0
 
+    def calls_first_layer(self, num_layers: int) -> bool:
+        """Whether every step calls at layer 1, where the tree holds the root alone: the next step's first call may
+        then run before this step's verdict is read (``LayerLoop.looks_ahead``)."""
+        return False
+
     def plans_whole_steps(self, num_layers: int) -> bool:
         """Whether every step calls at layers 1..``num_layers`` whatever the tree holds, and neither ``trim`` nor
         ``observe`` reads the step's tree on the host: the layer loop may then draft each step on the strong drafter's
@@ -403,6 +408,9 @@ class AllMid(CallPolicy):
     def planned_calls(self, num_layers: int) -> int:
         return min(num_layers, self.call_budget)
 
+    def calls_first_layer(self, num_layers: int) -> bool:
+        return self.call_budget >= 1
+
     def plans_whole_steps(self, num_layers: int) -> bool:
         return self.planned_calls(num_layers) == num_layers
 
@@ -422,6 +430,9 @@ class FixedLayers(CallPolicy):
 
     def planned_calls(self, num_layers: int) -> int:
         return leading_layers(self.layers, num_layers, self.call_budget)
+
+    def calls_first_layer(self, num_layers: int) -> bool:
+        return self.planned_calls(num_layers) >= 1
 
     def plans_whole_steps(self, num_layers: int) -> bool:
         return self.planned_calls(num_layers) == num_layers
