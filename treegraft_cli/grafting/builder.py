@@ -277,11 +277,16 @@ class LayerLoop:
             self.ahead = (length, StrongLookup([], top_logp.tolist(), top_tokens.tolist()))
 
     def look_ahead_from_prompt(self, committed: torch.Tensor) -> None:  # [L] the prompt and the first root
-        """The first step's layer-1 call, after the prefill: the prompt's catch-up, read with the request's reads."""
+        """A request's start: the first step's layer-1 call, after the prefill (the prompt's catch-up), read with the
+        request's reads."""
         self.strong.begin_step_logp(committed)
         top_logp, top_tokens = fetch(*self.strong.logp_rows.top(self.strong.no_nodes.new_zeros(1), self.shape.top_k))
         with host_only():
             self.ahead = (committed.shape[0], StrongLookup([], top_logp.tolist(), top_tokens.tolist()))
+
+    def forget_ahead(self) -> None:
+        """A request's start without a look-ahead: no lookup of an earlier request may serve its first step."""
+        self.ahead = None
 
     def strong_lag(self, committed: torch.Tensor) -> int:
         """Committed tokens the strong drafter has yet to forward (the whole prompt before its first call)."""

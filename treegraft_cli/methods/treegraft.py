@@ -123,10 +123,11 @@ class TreeGraftMethod(Method):
             self.target_logp.reset()
         if self.strong is not None:
             self.strong.reset()
-        self.loop.ahead = None
         if self.looks_ahead and prefill.first_token is not None:
             first = on_device_of(longs([prefill.first_token]), prefill.prompt_ids.device)
             self.loop.look_ahead_from_prompt(torch.cat([prefill.prompt_ids, first]))
+        else:
+            self.loop.forget_ahead()
         if self.clock_profile is not None:  # the costs the modelled clock charges, as the profile's hardware measures them
             tree = self.config.tree
             self.costs = self.clock_profile.cost_model(tree.budget, tree.top_k, COST_CONTEXT)
