@@ -276,13 +276,14 @@ class LayerLoop:
         with host_only():
             self.ahead = (length, StrongLookup([], top_logp.tolist(), top_tokens.tolist()))
 
-    def look_ahead_from_prompt(self, committed: torch.Tensor) -> None:  # [L] the prompt and the first root
-        """A request's start: the first step's layer-1 call, after the prefill (the prompt's catch-up), read with the
-        request's reads."""
-        self.strong.begin_step_logp(committed)
-        top_logp, top_tokens = fetch(*self.strong.logp_rows.top(self.strong.no_nodes.new_zeros(1), self.shape.top_k))
-        with host_only():
-            self.ahead = (committed.shape[0], StrongLookup([], top_logp.tolist(), top_tokens.tolist()))
+    def look_ahead_from_prompt(
+        self, prompt: torch.Tensor, first: torch.Tensor  # [P] the prompt, [1] the first root
+    ) -> None:
+        """A request's start: the first step's layer-1 call, after the prefill (the prompt's catch-up, the first root
+        its block), read with the request's reads."""
+        accepted = torch.zeros(1, dtype=torch.long, device=first.device)  # the block is the root alone
+        top_logp, top_tokens = fetch(*self.strong.forward_ahead(prompt, first, accepted, self.shape.top_k))
+        self.settle_ahead(prompt.shape[0] + 1, 0, top_logp, top_tokens)
 
     def forget_ahead(self) -> None:
         """A request's start without a look-ahead: no lookup of an earlier request may serve its first step."""

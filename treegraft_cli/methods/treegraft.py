@@ -125,7 +125,7 @@ class TreeGraftMethod(Method):
             self.strong.reset()
         if self.looks_ahead and prefill.first_token is not None:
             first = on_device_of(longs([prefill.first_token]), prefill.prompt_ids.device)
-            self.loop.look_ahead_from_prompt(torch.cat([prefill.prompt_ids, first]))
+            self.loop.look_ahead_from_prompt(prefill.prompt_ids, first)
         else:
             self.loop.forget_ahead()
         if self.clock_profile is not None:  # the costs the modelled clock charges, as the profile's hardware measures them
