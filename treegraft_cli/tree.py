@@ -90,6 +90,10 @@ class DraftTree:
             tokens[:1] = root_token.reshape(1)
         else:
             tokens[0].fill_(int(root_token))
+            if host:  # the structure lists are known: no read of the buffers for them
+                tree._views.update({("list", "tokens"): [int(root_token)], ("list", "parents"): [-1],
+                                    ("list", "depths"): [0]})
+                tree._indexed = 1  # the root's key is never looked up: every request names a parent ≥ 0
         return tree
 
     def parts(self) -> tuple[torch.Tensor, ...]:
@@ -303,23 +307,25 @@ class DraftTree:
         new_depths, anchors, marks = [], [], []  # anchors: nearest ancestor already in the tree
         for j, parent in enumerate(parents):
             new_depths.append((depths[parent] if parent < n else new_depths[parent - n]) + 1)
-            marks.append(j * capacity + n + j)  # the node itself
             while parent >= n:  # ancestors in this batch (parents come first)
                 marks.append(j * capacity + parent)
                 parent = parents[parent - n]
             anchors.append(parent)
         lists = {name: self.listed(name) for name in _STRUCTURE}
-        anchor_rows, marked = longs(anchors + marks).split([m, len(marks)])  # one host tensor, two views
-        rows = self._mask.index_select(0, anchor_rows)  # [m, capacity] the anchors' rows
-        rows.view(-1).index_fill_(0, marked, True)
-        self._mask[n : n + m] = rows
+        columns = longs(tokens + parents + new_depths + anchors + marks)  # one host tensor, sliced
+        if marks:  # the anchors' rows, the batch's own ancestors marked
+            rows = self._mask.index_select(0, columns[3 * m : 4 * m])  # [m, capacity]
+            rows.view(-1).index_fill_(0, columns[4 * m :], True)
+            self._mask[n : n + m].bitwise_or_(rows)
+        else:  # children of existing nodes: each unwritten row holds its diagonal, or-ed with the parent's row
+            self._mask[n : n + m].bitwise_or_(self._mask.index_select(0, columns[m : 2 * m]))
         b = self._buffers
         if self._longs is not None:
-            self._longs[:3, n : n + m] = longs(tokens + parents + new_depths).view(3, m)
+            self._longs[:3, n : n + m] = columns[: 3 * m].view(3, m)
         else:
-            b["tokens"][n : n + m] = longs(tokens)
-            b["parents"][n : n + m] = longs(parents)
-            b["depths"][n : n + m] = longs(new_depths)
+            b["tokens"][n : n + m] = columns[:m]
+            b["parents"][n : n + m] = columns[m : 2 * m]
+            b["depths"][n : n + m] = columns[2 * m : 3 * m]
         b["origins"][n : n + m] = origin
         self._n = n + m
         self._refresh()
@@ -612,6 +618,7 @@ class RootTrees:
 
     def __init__(self) -> None:
         self._prototypes: dict[tuple[torch.device, int], tuple[torch.Tensor, ...]] = {}
+        self._sides: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def tree(self, root_token: int | torch.Tensor, device: torch.device | str = "cpu", capacity: int = 0,
              host: bool = False) -> DraftTree:
@@ -621,6 +628,15 @@ class RootTrees:
         if prototype is None:
             prototype = self._prototypes[(device, capacity)] = _fresh(device, capacity)
         return DraftTree.from_root(root_token, device, capacity, host, tuple(t.clone() for t in prototype))
+
+    def side(self, device: torch.device, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:  # [capacity] twice
+        """Fresh buffers of the side columns a layer loop keeps beside its tree: a strong-expanded flag (False) and a
+        log-prob row (-1) per node."""
+        prototype = self._sides.get((device, capacity))
+        if prototype is None:
+            prototype = self._sides[(device, capacity)] = (
+                torch.zeros(capacity, dtype=torch.bool, device=device), torch.full((capacity,), -1, device=device))
+        return prototype[0].clone(), prototype[1].clone()
 
 
 def _as(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -76,10 +76,13 @@ class Growth:
     @classmethod
     def start(cls, root_token: int, device: torch.device = HOST, roots: RootTrees | None = None) -> Growth:
         """A host tree holding the root: the layer loop runs on the host (its weak drafter is host-side by
-        nature); only the strong drafter's forwards and look-ups run on the device."""
-        tree = (roots or RootTrees()).tree(root_token, device, host=True)
-        expanded = torch.zeros(1, dtype=torch.bool, device=device)
-        return cls(tree, torch.zeros(1, dtype=torch.long, device=device), expanded, set(), torch.full((1,), -1, device=device))
+        nature); only the strong drafter's forwards and look-ups run on the device. The side columns' buffers are
+        copies of ``roots``' (``RootTrees.side``), so the first layer to grow the tree allocates nothing."""
+        roots = roots or RootTrees()
+        tree = roots.tree(root_token, device, host=True)
+        expanded, rows = roots.side(device, SIDE_CAPACITY)
+        return cls(tree, torch.zeros(1, dtype=torch.long, device=device), expanded[:1], set(), rows[:1],
+                   spare={"expanded": expanded, "rows": rows})
 
     @classmethod
     def after_run(cls, run: RunResult, layers: int) -> Growth:
@@ -415,16 +418,16 @@ class LayerLoop:
         tree, k = g.tree, self.shape.top_k
         with host_only():
             in_window = self.window_nodes(g, layer) if window is None else window
+        if root_lookup is not None and tree.num_nodes == 1 and in_window == [0]:
+            return self.graft_root(g, committed, root_lookup)
+        with host_only():
             parents, tokens, scores = tree.listed("parents"), tree.listed("tokens"), tree.host_list("scores")
             nodes = needed_nodes(parents, scores, g.rows.tolist(), in_window, self.pool_at(g))
         self.strong.forward(committed, tree, longs(nodes), g.rows, tree.ancestor_mask())
         with host_only():
             rows = g.rows.tolist()
             candidates = [i for i in in_window if rows[i] >= 0]
-        if root_lookup is not None and candidates == [0] and len(parents) == 1:
-            found = root_lookup
-        else:
-            found = strong_lookup(self.strong.logp_rows, parents, tokens, rows, candidates, k)
+        found = strong_lookup(self.strong.logp_rows, parents, tokens, rows, candidates, k)
         with host_only():
             scores = rescored(scores, parents, found.local)
             positions = reselect(scores, candidates, k)
@@ -441,6 +444,24 @@ class LayerLoop:
                 g.expanded_nodes.update(positions)
             g.frontier = longs(best_nodes(scores, sorted(set(children)), k))
         return len(nodes)
+
+
+    def graft_root(self, g: Growth, committed: torch.Tensor, lookup: StrongLookup) -> int:
+        """``strong_layer`` on a tree holding the root alone, from the root's lookup made ahead: the drafter has
+        nothing to forward (the root's row is its row 0), the root is the only candidate, and its top-K children are
+        new nodes. Returns 0: no tree node forwarded."""
+        tree, k = g.tree, self.shape.top_k
+        self.strong.forward(committed, None, self.nothing[0], g.rows, None)  # the root's row, kept ahead
+        with host_only():
+            root_score = tree.host_list("scores")[0]
+            child_scores = [float32(root_score + logp) for logp in lookup.top_logp[0]]
+            children, scores = tree.add_rescored_children([0] * k, lookup.top_tokens[0], child_scores, ORIGIN_MODEL,
+                                                          [root_score])
+            g.sync()
+            g.expanded[0] = True
+            g.expanded_nodes.add(0)
+            g.frontier = longs(best_nodes(scores, sorted(set(children)), k))
+        return 0
 
 
 def run_records(plan: RunPlan) -> list[LayerRecord]:
