@@ -321,29 +321,10 @@ def test_calibration_maps_scores_to_measured_acceptance():
     for _ in range(98):  # the strong child at 0.55 is always accepted, the n-gram child at 0.95 never
         calibration.observe(tree, torch.tensor([1, 3, 5]))  # the step committed 1 3 and the bonus 5
     # nodes 1 and 3 share the strong bin 0.5-0.6 (both accepted, twice a step); node 2 the n-gram bin 0.9-1.0
-    assert calibration.seen[ORIGIN_MODEL][False][5] == 2 + 2 * 98 and calibration.seen[ORIGIN_NGRAM][False][9] == 2 + 98
+    assert calibration.seen[ORIGIN_MODEL][5] == 2 + 2 * 98 and calibration.seen[ORIGIN_NGRAM][9] == 2 + 98
     strong_rate, ngram_rate = (2 * 0.55 + 2 * 98) / 198, (2 * 0.95) / 100
     reach = calibration.reach(tree)
     assert reach.tolist() == pytest.approx([1.0, strong_rate, ngram_rate, strong_rate**2])
-
-
-def test_calibration_counts_nodes_under_an_ngram_node_apart():
-    """An n-gram node under an n-gram node continues a copy: its bin is counted apart from the same bin's nodes under
-    the root, and a chain's reach multiplies the continued rates below its first token."""
-    tree = DraftTree.from_root(0)  # root → a (n-gram, p 0.15) → b (n-gram, p 0.15); root → c (n-gram, p 0.15)
-    tree.add_children(torch.tensor([0, 0]), torch.tensor([1, 2]), torch.log(torch.tensor([0.15, 0.15])), ORIGIN_NGRAM)
-    tree.add_children(torch.tensor([1]), torch.tensor([3]), torch.log(torch.tensor([0.15 * 0.15])), ORIGIN_NGRAM)
-    calibration = AcceptanceCalibration(bins=10, prior_weight=0.0)
-    calibration.observe(tree, torch.tensor([1, 3, 5]))  # a and b accepted, c missed
-    calibration.observe(tree, torch.tensor([2, 5]))  # c accepted, a missed (b not reached)
-    under_root, under_ngram = calibration.seen[ORIGIN_NGRAM]
-    assert (under_root[1], calibration.accepted[ORIGIN_NGRAM][False][1]) == (4, 2)  # a and c, twice each
-    assert (under_ngram[1], calibration.accepted[ORIGIN_NGRAM][True][1]) == (1, 1)  # b, once
-    assert calibration.node_rate(ORIGIN_NGRAM, 0.15) == 0.5 and calibration.node_rate(ORIGIN_NGRAM, 0.15, True) == 1.0
-    assert calibration.reach(tree).tolist() == [1.0, 0.5, 0.5, 0.5]  # b: a's 0.5 times the continued rate 1
-    # a preview's chain continues a copy after its first token, and from its first when it hangs under an n-gram node
-    preview = WeakPreview(torch.tensor([0, 3]), torch.log(torch.tensor([[0.15, 0.15], [0.15, 0.15]])))
-    assert preview.reach([1.0, 0.5, 0.5, 0.5], tree.origins.tolist(), calibration.node_rate) == [0.5, 0.5, 0.5, 0.5]
 
 
 def test_calibration_counts_what_the_committed_path_decides():
@@ -355,7 +336,7 @@ def test_calibration_counts_what_the_committed_path_decides():
     tree.add_children(torch.tensor([3]), torch.tensor([4]), torch.log(torch.tensor([0.55 * 0.25 * 0.15])), ORIGIN_MODEL)
     calibration = AcceptanceCalibration(bins=10, prior_weight=0.0)
     calibration.observe(tree, torch.tensor([1, 3]))  # a, then c's token: d lies past what the step committed
-    seen, accepted = calibration.seen[ORIGIN_MODEL][False], calibration.accepted[ORIGIN_MODEL][False]
+    seen, accepted = calibration.seen[ORIGIN_MODEL], calibration.accepted[ORIGIN_MODEL]
     assert (seen[5], accepted[5]) == (1, 1) and (seen[3], accepted[3]) == (1, 0)  # a accepted, b missed
     assert (seen[2], accepted[2]) == (1, 1) and seen[1] == 0  # c accepted; d not counted
     calibration.observe(tree, torch.tensor([2, 7, 7]))  # b: a and everything under it missed or unreached
@@ -656,8 +637,7 @@ def test_chain_tokens_are_scored_where_the_ngram_matched(tiny_self_pair):
     wanted = [logp[2 + j, t] if t in top.indices[2 + j] else top.values[2 + j, -1] - 5.0 for j, t in enumerate((8, 9, 5, 6))]
     assert torch.allclose(proposal.preview.logp[0, :4], torch.stack(wanted), atol=1e-5)
     # with rates equal to the log-probs' own probabilities, reach is the chain's cumulative probability
-    reach = proposal.preview.reach([1.0] * growth.tree.num_nodes, growth.tree.host_list("origins"),
-                                   lambda origin, local, continued: local)
+    reach = proposal.preview.reach([1.0] * growth.tree.num_nodes, lambda origin, local: local)
     assert torch.allclose(torch.tensor(reach[:4]), torch.stack(wanted).cumsum(0).exp(), atol=1e-5)
     method.loop.weak_layer(growth, 1, proposal)
     assert torch.allclose(growth.tree.scores[1:5], torch.stack(wanted).cumsum(0), atol=1e-5)
@@ -739,10 +719,10 @@ def test_step_rule_verifies_only_nodes_whose_reach_pays_for_their_verification()
     assert trimmed.parents.tolist() == [-1, 0, 0, 1]
     # the calibration learns from the tree before the trim: the target went on with c's token after a and b,
     # so c counts as accepted though it was never verified (d, verified, as a miss; both in the lowest bin)
-    seen, accepted = rule.calibration.seen[ORIGIN_MODEL][False][0], rule.calibration.accepted[ORIGIN_MODEL][False][0]
+    seen, accepted = rule.calibration.seen[ORIGIN_MODEL][0], rule.calibration.accepted[ORIGIN_MODEL][0]
     rule.observe(trimmed, torch.tensor([0, 1, 3]), torch.tensor([1, 2, 3]))
-    assert rule.calibration.seen[ORIGIN_MODEL][False][0] == seen + 2
-    assert rule.calibration.accepted[ORIGIN_MODEL][False][0] == accepted + 1
+    assert rule.calibration.seen[ORIGIN_MODEL][0] == seen + 2
+    assert rule.calibration.accepted[ORIGIN_MODEL][0] == accepted + 1
     assert rule.trim(tree, flat, 16) is tree  # no per-node cost: nothing to save
     keep_all = StepRule(call_budget=5, hit_rate=0.8, short_layers=(), clock=clock, trim=False)
     run_step(keep_all, clock, strong_chain(4), 5, 600.0)

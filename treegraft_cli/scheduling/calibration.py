@@ -10,11 +10,6 @@ committed tokens, so nodes a trim kept out of verification count too), and maps 
 measured rate. A prior of ``prior_weight`` pseudo-observations at the
 bin's own centre makes an unseen bin read as the score says.
 
-Nodes under an n-gram node (*continued*: the text above them was copied) are counted apart from the others. Once a
-copy has started it tends to go on: on SmolLM2's questions 1–2 such n-gram nodes were accepted 69–95 % of the time
-in every bin, those under the root or a model node 24–31 % in the lowest four. Pooled, the low bins read about 44 %
-for both, and a copied chain's reach, a product down the chain, fell far below what verification found.
-
 A node's *reach* is the product of the measured rates along its root path: the calibrated probability
 that verification accepts it. The expected accepted length of a tree is 1 + Σ reach.
 
@@ -31,7 +26,7 @@ import torch
 
 from ..hostlists import floats
 from ..syncs import fetch, host_only
-from ..tree import ORIGIN_NAMES, ORIGIN_NGRAM, DraftTree, float32
+from ..tree import ORIGIN_NAMES, DraftTree, float32
 
 
 def host_columns(tree: DraftTree, *names: str) -> list[list]:
@@ -48,9 +43,8 @@ class AcceptanceCalibration:
     def __init__(self, bins: int = 10, prior_weight: float = 2.0):
         self.bins = bins
         centres = [(b + 0.5) / bins for b in range(bins)]
-        # [origins][continued][bins]: continued, the node hangs under an n-gram node
-        self.seen = [[[prior_weight] * bins for _ in range(2)] for _ in ORIGIN_NAMES]
-        self.accepted = [[[c * prior_weight for c in centres] for _ in range(2)] for _ in ORIGIN_NAMES]
+        self.seen = [[prior_weight] * bins for _ in ORIGIN_NAMES]  # [origins][bins]
+        self.accepted = [[c * prior_weight for c in centres] for _ in ORIGIN_NAMES]  # [origins][bins]
 
     def observe(self, tree: DraftTree, committed: torch.Tensor) -> None:  # committed: [τ] the step's new tokens
         """Count every node of ``tree`` whose parent lies on the committed path, and whether it does itself.
@@ -68,17 +62,15 @@ class AcceptanceCalibration:
         local = local_probabilities(parents, scores)
         on_path = committed_path(parents, tokens, depths, path)
         for node in range(1, len(parents)):
-            parent = parents[node]
-            if on_path[parent] and depths[node] <= len(path):
-                continued, column = origins[parent] == ORIGIN_NGRAM, self._bin(local[node])
-                self.seen[origins[node]][continued][column] += 1.0
-                self.accepted[origins[node]][continued][column] += on_path[node]
+            if on_path[parents[node]] and depths[node] <= len(path):
+                origin, column = origins[node], self._bin(local[node])
+                self.seen[origin][column] += 1.0
+                self.accepted[origin][column] += on_path[node]
 
-    def node_rate(self, origin: int, local: float, continued: bool = False) -> float:
-        """Measured P(accepted | parent accepted) of a node of ``origin`` with local probability ``local`` (float32),
-        under an n-gram node when ``continued``."""
+    def node_rate(self, origin: int, local: float) -> float:
+        """Measured P(accepted | parent accepted) of a node of ``origin`` with local probability ``local`` (float32)."""
         cell = self._bin(local)
-        return float32(self.accepted[origin][continued][cell] / self.seen[origin][continued][cell])
+        return float32(self.accepted[origin][cell] / self.seen[origin][cell])
 
     def reach_list(self, tree: DraftTree) -> list[float]:  # [num_nodes], 1 at the root
         """Calibrated probability that verification accepts each node (the product of rates to the root)."""
@@ -86,8 +78,7 @@ class AcceptanceCalibration:
         local = local_probabilities(parents, scores)
         reach = [1.0] * len(parents)
         for node in range(1, len(parents)):  # parents first: the product runs down every path at once
-            parent = parents[node]
-            reach[node] = reach[parent] * self.node_rate(origins[node], local[node], origins[parent] == ORIGIN_NGRAM)
+            reach[node] = reach[parents[node]] * self.node_rate(origins[node], local[node])
         return [float32(r) for r in reach]
 
     def reach(self, tree: DraftTree) -> torch.Tensor:  # -> [num_nodes] float32, 1 at the root

@@ -25,7 +25,7 @@ from ..hostlists import floats
 from ..lm import on_device_of
 from ..syncs import host_value
 from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree, float32
-from .calibration import AcceptanceCalibration, host_columns
+from .calibration import AcceptanceCalibration
 
 
 def top_nodes(scores: torch.Tensor, allowed: torch.Tensor, k: int) -> torch.Tensor:
@@ -213,20 +213,17 @@ class WeakPreview:
     def reach(
         self,
         parent_reach: list[float],  # [num_nodes] calibrated reach of the tree's nodes
-        parent_origins: list[int],  # [num_nodes] the tree's nodes' origins
-        node_rate: Callable[[int, float, bool], float],  # (origin, local probability, continued) -> measured rate
+        node_rate: Callable[[int, float], float],  # (origin, local probability) -> measured rate
     ) -> list[float]:  # -> [chain tokens]
         """Calibrated reach of every chain token (-inf pads skipped): the parent's times the measured n-gram rates
-        along the chain, in float32; every token after a chain's first continues a copy, as does a first under an
-        n-gram node. The preview is on the host (the layer loop's trees are)."""
+        along the chain, in float32. The preview is on the host (the layer loop's trees are)."""
         reach = []
         for parent, row in zip(host_value(self.parents), host_value(self.logp), strict=True):
-            product, continued = parent_reach[parent], parent_origins[parent] == ORIGIN_NGRAM
+            product = parent_reach[parent]
             for logp in row:
                 if math.isfinite(logp):
-                    product *= node_rate(ORIGIN_NGRAM, float32(math.exp(logp)), continued)
+                    product *= node_rate(ORIGIN_NGRAM, float32(math.exp(logp)))
                     reach.append(float32(product))
-                    continued = True
         return reach
 
 
@@ -511,8 +508,7 @@ class CostAwareRule(CallPolicy):
         shares = reach[1:] / reach[parents].clamp(min=1e-12)
         covered = torch.zeros(tree.num_nodes).index_add_(0, parents, shares).clamp(max=1.0)
         virtual = reach[positions] * h * (1.0 - covered[positions])
-        weak = floats(state.weak.reach(reach_list, *host_columns(tree, "origins"), self.calibration.node_rate)
-                      if state.weak is not None else [])
+        weak = floats(state.weak.reach(reach_list, self.calibration.node_rate) if state.weak is not None else [])
         skip = expected_accepted(torch.cat([reach[1:], weak]), state.budget)
         return skip, expected_accepted(torch.cat([reach[1:], virtual]), state.budget)
 

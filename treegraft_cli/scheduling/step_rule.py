@@ -393,7 +393,7 @@ class StepRule(CallPolicy):
         if state.weak is None:
             return 1.0, 0
         reach = self.calibration.reach_list(state.tree)
-        weak = state.weak.reach(reach, *host_columns(state.tree, "origins"), self.calibration.node_rate)
+        weak = state.weak.reach(reach, self.calibration.node_rate)
         best = sorted(reach[1:] + list(weak), reverse=True)[: state.budget]
         kept = self.verified(best, state.costs, state.budget, self.weak_outcomes.ratio)
         return 1.0 + sum(best[:kept]), kept
