@@ -438,13 +438,8 @@ class LayerLoop:
                 child_tokens += found.top_tokens[c]
                 child_scores += [float32(scores[position] + logp) for logp in found.top_logp[c]]
             children, scores = tree.add_rescored_children(child_parents, child_tokens, child_scores, ORIGIN_MODEL, scores)
-            g.sync()
-            if positions:
-                g.expanded[longs(positions)] = True
-                g.expanded_nodes.update(positions)
-            g.frontier = longs(best_nodes(scores, sorted(set(children)), k))
+            self.grafted(g, positions, children, scores)
         return len(nodes)
-
 
     def graft_root(self, g: Growth, committed: torch.Tensor, lookup: StrongLookup) -> int:
         """``strong_layer`` on a tree holding the root alone, from the root's lookup made ahead: the drafter has
@@ -457,11 +452,17 @@ class LayerLoop:
             child_scores = [float32(root_score + logp) for logp in lookup.top_logp[0]]
             children, scores = tree.add_rescored_children([0] * k, lookup.top_tokens[0], child_scores, ORIGIN_MODEL,
                                                           [root_score])
-            g.sync()
-            g.expanded[0] = True
-            g.expanded_nodes.add(0)
-            g.frontier = longs(best_nodes(scores, sorted(set(children)), k))
+            self.grafted(g, [0], children, scores)
         return 0
+
+    def grafted(self, g: Growth, positions: list[int], children: list[int], scores: list[float]) -> None:
+        """After a strong call's merge: the side columns follow the tree, ``positions`` are expanded, and the K best
+        of the call's ``children`` (by ``scores``, every node's) are the next frontier."""
+        g.sync()
+        if positions:
+            g.expanded[longs(positions)] = True
+            g.expanded_nodes.update(positions)
+        g.frontier = longs(best_nodes(scores, sorted(set(children)), self.shape.top_k))
 
 
 def run_records(plan: RunPlan) -> list[LayerRecord]:
