@@ -122,6 +122,18 @@ def test_cost_surface_interpolates_and_extrapolates():
     assert profile.step_ms(3, 2, 1, 3, 10) == pytest.approx(3.0 + 2 * 0.5 + 0.1)
 
 
+def test_a_profiles_cost_model_carries_the_drafters_catch_up_rate():
+    """A strong call is the drafter's forward of 2·K tokens; what a caught-up token adds is its slope from there to
+    the widest forward the profile measured."""
+    profile = CostProfile(pair="p", device="cpu", dtype="fp32", tree_tokens=(1, 6, 26), contexts=(10,),
+                          target_ms=((2.0, 3.0, 4.0),), drafter_ms=((1.0, 1.0, 6.0),))
+    costs = profile.cost_model(budget=16, width=3, context=10)
+    assert costs.strong_ms == pytest.approx(1.0) and costs.strong_token_ms == pytest.approx(5.0 / 20)
+    no_drafter = CostProfile(pair="p", device="cpu", dtype="fp32", tree_tokens=(1, 6, 26), contexts=(10,),
+                             target_ms=((2.0, 3.0, 4.0),))
+    assert no_drafter.cost_model(budget=16, width=3, context=10).strong_token_ms == 0.0
+
+
 def test_a_strong_step_pays_for_catching_up_on_the_text_its_drafter_has_not_seen():
     # drafter: 1 ms for up to 6 tokens, then +0.25 ms per token (along the last segment)
     profile = CostProfile(pair="p", device="cpu", dtype="fp32", tree_tokens=(2, 6, 10), contexts=(10,),

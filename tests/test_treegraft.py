@@ -448,6 +448,19 @@ def test_a_fresh_step_rule_prices_the_prompt_catch_up_before_its_first_strong_st
     assert long_prompt.catch_up_cost(root_state(costs=flat)) == pytest.approx(90.0 / 8)
 
 
+def test_the_drafters_measured_catch_up_rate_prices_the_prompt_before_the_verify_curve_does():
+    """A cost model that measured the drafter's wide forward (5 ms a token) prices the catch-up at that rate: the
+    500-token prompt a scaled verify curve lets a strong step pay for (above) costs 500 · 5 / 8 ≈ 312 ms, and 3.4
+    tokens in 882 ms lose to 1 token in 240 ms. Once a catch-up was measured, its rate stands."""
+    measured = CostModel(300.0, 90.0, verify_root_ms=240.0, strong_token_ms=5.0)
+    rule = StepRule(call_budget=5, hit_rate=0.8)
+    assert rule.catch_up_cost(root_state(costs=measured)) == pytest.approx(5.0)
+    assert not rule.decide(root_state(strong_lag=500, costs=measured))
+    assert StepRule(call_budget=5, hit_rate=0.8).decide(root_state(strong_lag=40, costs=measured))  # no catch-up
+    rule.catch_up_ms_per_token = 2.0
+    assert rule.catch_up_cost(root_state(costs=measured)) == pytest.approx(2.0)
+
+
 def test_step_rule_prefers_a_confident_ngram_match_to_strong_calls():
     clock = FakeClock()
     rule = StepRule(call_budget=5, hit_rate=0.8, short_layers=(), clock=clock)

@@ -79,11 +79,16 @@ class CostProfile:
 
     def cost_model(self, budget: int, width: int, context: int) -> CostModel:
         """The scheduler's costs, as ``scheduling.costs.measure_costs`` defines them: a target forward of a
-        full tree (N + 1 tokens), a strong call over 2·K tokens, and the verification curve at the profile's
-        tree sizes up to N + 1 (the root alone and a full tree included)."""
+        full tree (N + 1 tokens), a strong call over 2·K tokens, the drafter's ms per token from there to the
+        profile's widest forward, and the verification curve at the profile's tree sizes up to N + 1 (the root alone
+        and a full tree included)."""
         sizes = sorted({1, budget + 1, *(t for t in self.tree_tokens if t <= budget + 1)})
         curve = tuple((tokens, self.target_forward_ms(tokens, context)) for tokens in sizes)
-        return CostModel(curve[-1][1], self.drafter_forward_ms(2 * width, context), curve[0][1], curve)
+        strong_ms, token_ms = self.drafter_forward_ms(2 * width, context), 0.0
+        widest = self.tree_tokens[-1] if self.tree_tokens else 0
+        if self.drafter_ms and widest > 2 * width:  # the catch-up rate: the drafter's slope up to its widest forward
+            token_ms = max(0.0, self.drafter_forward_ms(widest, context) - strong_ms) / (widest - 2 * width)
+        return CostModel(curve[-1][1], strong_ms, curve[0][1], curve, strong_token_ms=token_ms)
 
     def step_ms(self, tree_tokens: int, strong_calls: int, weak_layers: int, width: int, context: int,
                 lag: int = 0, forwarded: Sequence[int] | None = None, catch_up_share: float = CATCH_UP_SHARE) -> float:

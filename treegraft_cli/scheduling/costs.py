@@ -1,8 +1,9 @@
 """Warm-up cost measurement, used when no profile or explicit costs are given.
 
-Times target forwards of trees from the root alone to a full tree (N + 1 tokens: the verification curve)
-and a strong drafter forward of a typical call (2·K tokens) after a short context, each on a scratch KV
-cache so no decoding state is touched. The median of a few repeats after one untimed run.
+Times target forwards of trees from the root alone to a full tree (N + 1 tokens: the verification curve),
+a strong drafter forward of a typical call (2·K tokens) and one of ``CATCH_UP_TOKENS`` (what a token adds when the
+drafter catches up on a prompt) after a short context, each on a scratch KV cache so no decoding state is touched.
+The median of a few repeats after one untimed run.
 
 An EAGLE-3 head is timed the same way (``timing_lm``): one head forward of 2·K tokens, zero features in
 place of the target's states (the cost does not depend on their values). A strong call of the head may
@@ -20,8 +21,10 @@ from torch import nn
 from ..lm import CausalLM, additive_mask, inference
 from ..models.eagle3_head import Eagle3Head
 from .policies import CostModel
+from .values import MAX_LAG
 
 COST_CONTEXT = 64  # prompt tokens before the timed forwards of the warm-up measurement
+CATCH_UP_TOKENS = MAX_LAG  # the wide strong forward's tokens: a catch-up forwards more than MAX_LAG at once
 
 
 class HeadTimingLM(CausalLM):
@@ -80,11 +83,16 @@ def measure_costs(
     budget: int,
     width: int,
 ) -> CostModel:
-    """One strong call, and the target's verification curve: the root alone, trees of 2, 4, 8, … tokens below a
-    full tree, and a full tree (N + 1 tokens)."""
+    """One strong call, the strong drafter's ms per caught-up token, and the target's verification curve: the root
+    alone, trees of 2, 4, 8, … tokens below a full tree, and a full tree (N + 1 tokens)."""
     curve = tuple((tokens, forward_ms(target, context, tokens)) for tokens in curve_tokens(budget))
     strong_ms = forward_ms(drafter, context, 2 * width) if drafter is not None else 0.0
-    return CostModel(verify_ms=curve[-1][1], strong_ms=strong_ms, verify_root_ms=curve[0][1], verify_curve=curve)
+    token_ms = 0.0
+    if drafter is not None and CATCH_UP_TOKENS > 2 * width:
+        wide = forward_ms(drafter, context, CATCH_UP_TOKENS)
+        token_ms = max(0.0, wide - strong_ms) / (CATCH_UP_TOKENS - 2 * width)
+    return CostModel(verify_ms=curve[-1][1], strong_ms=strong_ms, verify_root_ms=curve[0][1], verify_curve=curve,
+                     strong_token_ms=token_ms)
 
 
 def curve_tokens(budget: int) -> tuple[int, ...]:

@@ -103,6 +103,10 @@ class CostModel:
     replaces that line by the measured points. A line misjudges small trees on a CPU, where a second row
     moves a matrix product off the one-row kernel and can cost more than the first (a 1.5B model in fp32 on
     an AVX2 core: 2 tokens 2.2× one, 17 tokens 5×); on a GPU the curve is nearly flat up to a tile, then steps.
+
+    ``strong_token_ms`` is what one more token adds to a wide strong forward, the rate at which the drafter catches up
+    on committed tokens it has not seen (a prompt): the slope of its forward between a call's 2·K tokens and a wide
+    one (0: unknown).
     """
 
     verify_ms: float
@@ -110,6 +114,7 @@ class CostModel:
     verify_root_ms: float = 0.0
     # (tree tokens, ms) measured points, tokens ascending, the root alone being 1 token (``interpolate`` between)
     verify_curve: tuple[tuple[int, float], ...] = ()
+    strong_token_ms: float = 0.0
 
     def verify_at(self, nodes: int, budget: int) -> float:
         """Modelled ms to verify a tree of ``nodes`` non-root nodes (at most ``budget`` count)."""
