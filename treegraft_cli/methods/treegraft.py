@@ -160,7 +160,8 @@ class TreeGraftMethod(Method):
             measured = measure_costs(self.models.target.model, drafter, context, tree.budget, tree.top_k)
             self.models.measurements[key] = measured
         if self.costs.verify_ms:  # a given full-tree time: the measured curve would not end at it
-            return CostModel(self.costs.verify_ms, self.costs.strong_ms or measured.strong_ms)
+            return CostModel(self.costs.verify_ms, self.costs.strong_ms or measured.strong_ms,
+                             strong_token_ms=measured.strong_token_ms)
         return replace(measured, strong_ms=self.costs.strong_ms or measured.strong_ms)
 
     def draft(self, committed: torch.Tensor) -> DraftTree:
