@@ -34,7 +34,7 @@ import yaml
 
 from ..atomic import atomic_write_text
 from ..errors import ConfigError
-from .policies import CostModel, interpolate
+from .policies import CostModel, interpolate, token_ms
 from .values import CATCH_UP_SHARE
 
 KIND = "treegraft-cost-profile"
@@ -84,11 +84,11 @@ class CostProfile:
         and a full tree included)."""
         sizes = sorted({1, budget + 1, *(t for t in self.tree_tokens if t <= budget + 1)})
         curve = tuple((tokens, self.target_forward_ms(tokens, context)) for tokens in sizes)
-        strong_ms, token_ms = self.drafter_forward_ms(2 * width, context), 0.0
-        widest = self.tree_tokens[-1] if self.tree_tokens else 0
-        if self.drafter_ms and widest > 2 * width:  # the catch-up rate: the drafter's slope up to its widest forward
-            token_ms = max(0.0, self.drafter_forward_ms(widest, context) - strong_ms) / (widest - 2 * width)
-        return CostModel(curve[-1][1], strong_ms, curve[0][1], curve, strong_token_ms=token_ms)
+        strong_ms, catch_up = self.drafter_forward_ms(2 * width, context), 0.0
+        if self.drafter_ms:  # the catch-up rate: the drafter's slope up to its widest forward
+            widest = self.tree_tokens[-1]
+            catch_up = token_ms((2 * width, strong_ms), (widest, self.drafter_forward_ms(widest, context)))
+        return CostModel(curve[-1][1], strong_ms, curve[0][1], curve, strong_token_ms=catch_up)
 
     def step_ms(self, tree_tokens: int, strong_calls: int, weak_layers: int, width: int, context: int,
                 lag: int = 0, forwarded: Sequence[int] | None = None, catch_up_share: float = CATCH_UP_SHARE) -> float:

@@ -20,7 +20,7 @@ from torch import nn
 
 from ..lm import CausalLM, additive_mask, inference
 from ..models.eagle3_head import Eagle3Head
-from .policies import CostModel
+from .policies import CostModel, token_ms
 from .values import MAX_LAG
 
 COST_CONTEXT = 64  # prompt tokens before the timed forwards of the warm-up measurement
@@ -87,12 +87,11 @@ def measure_costs(
     alone, trees of 2, 4, 8, … tokens below a full tree, and a full tree (N + 1 tokens)."""
     curve = tuple((tokens, forward_ms(target, context, tokens)) for tokens in curve_tokens(budget))
     strong_ms = forward_ms(drafter, context, 2 * width) if drafter is not None else 0.0
-    token_ms = 0.0
+    catch_up = 0.0
     if drafter is not None and CATCH_UP_TOKENS > 2 * width:
-        wide = forward_ms(drafter, context, CATCH_UP_TOKENS)
-        token_ms = max(0.0, wide - strong_ms) / (CATCH_UP_TOKENS - 2 * width)
+        catch_up = token_ms((2 * width, strong_ms), (CATCH_UP_TOKENS, forward_ms(drafter, context, CATCH_UP_TOKENS)))
     return CostModel(verify_ms=curve[-1][1], strong_ms=strong_ms, verify_root_ms=curve[0][1], verify_curve=curve,
-                     strong_token_ms=token_ms)
+                     strong_token_ms=catch_up)
 
 
 def curve_tokens(budget: int) -> tuple[int, ...]:

@@ -188,6 +188,13 @@ def interpolate(x: float, xs: Sequence[int], ys: Sequence[float]) -> float:
     return float(ys[-1])
 
 
+def token_ms(narrow: tuple[int, float], wide: tuple[int, float]) -> float:
+    """Ms one more token adds to a forward, from two timed forwards as (tokens, ms), ``wide`` the wider: the slope
+    between them, 0 when the wider one timed no slower (noise) or is not wider (``CostModel.strong_token_ms``)."""
+    (narrow_tokens, narrow_ms), (wide_tokens, wide_ms) = narrow, wide
+    return max(0.0, wide_ms - narrow_ms) / (wide_tokens - narrow_tokens) if wide_tokens > narrow_tokens else 0.0
+
+
 @dataclass(frozen=True)
 class MeasuredValues:
     """What the step rule measured of each step kind at a decision: its τ (tokens), its time T (ms) and R."""
