@@ -169,6 +169,28 @@ def test_host_chains_equal_level_by_level_merging(case):
     tree.validate()
 
 
+@pytest.mark.parametrize("capacity", [0, 3])  # 3: the children outgrow the buffers
+def test_root_children_equal_a_merge_of_new_children(capacity):
+    """``add_root_children`` writes the tree, lists and key index that ``add_rescored_children`` writes on a root-only
+    tree; the tree then grows as any other (a chain under a child, a merge into a child)."""
+    tokens, scores = [7, 3, 9, 4], [-0.25, -1.5, -2.0, -2.0]
+    fast = DraftTree.from_root(5, host=True, capacity=capacity)
+    fast.add_root_children(tokens, scores, ORIGIN_MODEL)
+    merged = DraftTree.from_root(5, host=True, capacity=capacity)
+    merged.add_rescored_children([0] * 4, tokens, scores, ORIGIN_MODEL, [0.0])
+    for tree in (fast, merged):
+        tree.add_rescored_children([2, 0], [6, 3], [-2.5, -1.0], ORIGIN_MODEL, tree.host_list("scores"))
+    for name in ("tokens", "parents", "depths", "scores", "origins", "kv_slot"):
+        assert torch.equal(getattr(fast, name), getattr(merged, name)), name
+        if name in ("tokens", "parents", "depths"):
+            assert fast.listed(name) == merged.listed(name) == getattr(merged, name).tolist(), name
+    assert torch.equal(fast.ancestor_mask(), merged.ancestor_mask())
+    assert fast.num_nodes == 6 and fast.scores[2].item() == -1.0  # (0, 3) merged into node 2, not added
+    fast.validate()
+    with pytest.raises(ValueError, match="root alone"):
+        fast.add_root_children([1], [-1.0], ORIGIN_MODEL)
+
+
 def test_validate_refuses_a_mask_that_misses_an_ancestor():
     tree = DraftTree.from_root(1)
     tree.add_children(torch.tensor([0]), torch.tensor([2]), torch.tensor([-0.1]), ORIGIN_MODEL)

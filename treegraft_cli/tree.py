@@ -442,6 +442,34 @@ class DraftTree:
             self._buffers["scores"][: self._n] = floats(final)  # every node's settled score in one write
             return nodes, final
 
+    def add_root_children(self, tokens: list[int], scores: list[float], origin: int) -> None:
+        """Children of the root on a host tree holding the root alone: ``tokens`` distinct (a top-K), ``scores`` their
+        float32 scores. ``add_rescored_children`` of a root-only tree, without its merge: every child is new, at depth
+        1, and its ancestor row is the root's column and its own diagonal (already set)."""
+        if not self.host or self._n != 1:
+            raise ValueError(f"add_root_children needs a host tree holding the root alone, not {self._n} nodes")
+        k = len(tokens)
+        if not k:
+            return
+        self._reserve(k)
+        end = 1 + k
+        columns = longs([*tokens, *([0] * k), *([1] * k)])  # tokens, parents, depths
+        if self._longs is not None:
+            self._longs[:3, 1:end] = columns.view(3, k)
+        else:
+            for i, name in enumerate(_STRUCTURE):
+                self._buffers[name][1:end] = columns[i * k : (i + 1) * k]
+        self._mask[1:end, 0] = True
+        self._buffers["origins"][1:end] = origin
+        self._buffers["scores"][1:end] = floats(scores)
+        lists, index = {name: self.listed(name) for name in _STRUCTURE}, self._indexed_keys()
+        self._n = end
+        self._refresh()
+        for name, column in (("tokens", tokens), ("parents", [0] * k), ("depths", [1] * k)):
+            self._views[("list", name)] = lists[name] + column
+        index.update(((0, token), node) for node, token in enumerate(tokens, start=1))
+        self._indexed = end
+
     def add_chains(
         self,
         parents: torch.Tensor,  # [c] node each chain hangs under

@@ -157,6 +157,7 @@ class LayerLoop:
         # node indices [0], chain tokens [0, 1], their log-probs [0, 1]
         self.nothing = (torch.empty(0, dtype=torch.long), torch.empty(0, 1, dtype=torch.long), torch.empty(0, 1))
         self.ahead: tuple[int, StrongLookup] | None = None  # the next root's lookup, looked up ahead, by committed length
+        self.first_children = torch.arange(1, tree_config.top_k + 1)  # [K] the root's children, added first
 
     @property
     def pool(self) -> int:
@@ -445,14 +446,15 @@ class LayerLoop:
         """``strong_layer`` on a tree holding the root alone, from the root's lookup made ahead: the drafter has
         nothing to forward (the root's row is its row 0), the root is the only candidate, and its top-K children are
         new nodes. Returns 0: no tree node forwarded."""
-        tree, k = g.tree, self.shape.top_k
         self.strong.forward(committed, None, self.nothing[0], g.rows, None)  # the root's row, kept ahead
         with host_only():
-            root_score = tree.host_list("scores")[0]
-            child_scores = [float32(root_score + logp) for logp in lookup.top_logp[0]]
-            children, scores = tree.add_rescored_children([0] * k, lookup.top_tokens[0], child_scores, ORIGIN_MODEL,
-                                                          [root_score])
-            self.grafted(g, [0], children, scores)
+            # the root scores 0, so each child's score is its log-prob (float32 already); top-K tokens are distinct
+            g.tree.add_root_children(lookup.top_tokens[0], lookup.top_logp[0], ORIGIN_MODEL)
+            g.sync()
+            g.expanded[0].fill_(True)
+            g.expanded_nodes.add(0)
+            # the children in index order are best first: top-K sorts descending, ties to the lower index
+            g.frontier = self.first_children[: len(lookup.top_tokens[0])]
         return 0
 
     def grafted(self, g: Growth, positions: list[int], children: list[int], scores: list[float]) -> None:
