@@ -78,6 +78,23 @@ def test_top_by_score_is_prefix_closed_and_within_budget(parents, budget, seed):
     assert cut.size == min(budget, tree.size)
 
 
+@settings(max_examples=40, deadline=None)
+@given(parents=random_parents(), budget=st.integers(1, 40), seed=st.integers(0, 100))
+def test_selecting_host_nodes_keeps_the_structure_lists_true(parents, budget, seed):
+    """A host tree's ``select_nodes`` hands the selected tree lists equal to its own columns (parents renumbered)."""
+    tree = DraftTree.from_root(1, host=True)
+    generator = torch.Generator().manual_seed(seed)
+    for i, parent in enumerate(parents[1:], start=1):
+        tree.add_children(torch.tensor([parent]), torch.tensor([i + 10]), torch.rand(1, generator=generator).log(), ORIGIN_MODEL)
+    kept = best_by_score(tree.scores, budget).tolist()
+    kept = sorted({a for node in kept for a in range(tree.num_nodes) if tree.ancestor_mask()[node, a]})
+    selected = tree.select_nodes(kept)
+    reference = tree.select(torch.tensor(kept))
+    for name in ("tokens", "parents", "depths"):
+        assert selected.listed(name) == getattr(reference, name).tolist() == getattr(selected, name).tolist(), name
+    selected.validate()
+
+
 def test_tree_logits_equal_chain_logits(tiny_pair):
     """Every node's logits under the tree mask and prefix+depth positions equal a causal forward over prefix+path."""
     _, target = tiny_pair

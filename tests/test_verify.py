@@ -40,8 +40,8 @@ def test_accept_on_host_stops_at_a_mismatch():
     assert (path, bonus) == ([0, 1], 8)
 
 
-def draft_tree(parents: torch.Tensor, tokens: torch.Tensor) -> DraftTree:  # [1, n] each
-    tree = DraftTree.from_root(tokens[0, :1])
+def draft_tree(parents: torch.Tensor, tokens: torch.Tensor, host: bool = False) -> DraftTree:  # [1, n] each
+    tree = DraftTree.from_root(int(tokens[0, 0]), host=True) if host else DraftTree.from_root(tokens[0, :1])
     for i in range(1, parents.shape[1]):
         origin = ORIGIN_NGRAM if i % 3 == 0 else ORIGIN_MODEL  # mixed origins: the read must keep each its own
         tree.add_children(parents[0, i : i + 1], tokens[0, i : i + 1], torch.zeros(1), origin)
@@ -57,7 +57,7 @@ def test_step_verdicts_greedy_and_device_read_the_same(tree):
     parents, tokens, choices = random_case(*tree)
     drafted = draft_tree(parents, tokens)
     want = verify.accept(tokens, parents, choices)
-    greedy = verify.StepVerdict(drafted, choices=choices)
+    greedy = verify.StepVerdict(drafted, choices=choices[0])
     device = verify.StepVerdict(drafted, device_verdict=want)
     assert greedy.unpack(greedy.packed().tolist()) == device.unpack(device.packed().tolist())
     deepest = int(drafted.depths.max())
@@ -69,3 +69,10 @@ def test_step_verdicts_greedy_and_device_read_the_same(tree):
     for verdict in (greedy, device):
         block, count = verdict.committed_block(verdict.path_rows(deepest))
         assert count.tolist() == [len(new_tokens) - 1] and block.tolist()[: len(new_tokens)] == new_tokens
+    # a host-side builder's tree: the host holds its columns, the read carries the verdict's part alone
+    host = draft_tree(parents, tokens, host=True)
+    for verdict in (verify.StepVerdict(drafted, choices=choices[0], host_tree=host),
+                    verify.StepVerdict(drafted, device_verdict=want, host_tree=host)):
+        packed = verdict.packed()
+        assert packed.numel() == (drafted.num_nodes if verdict.choices is not None else drafted.num_nodes + 2)
+        assert verdict.unpack(packed.tolist()) == (accepted, new_tokens, depths, origins)

@@ -169,11 +169,14 @@ class SpeculativeDecoder:
             logits, tokens, parents, uniforms, sampling.temperature, sampling.top_k, sampling.top_p, **extra
         )
 
-    def _step_verdict(self, logits: torch.Tensor, tree: DraftTree) -> StepVerdict:  # logits: [nodes, vocab]
-        """Greedy: the target's choices, walked on the host after the read; sampling: the backend's device verdict."""
+    def _step_verdict(self, logits: torch.Tensor, tree: DraftTree, drafted: DraftTree) -> StepVerdict:
+        """Greedy: the target's choices, walked on the host after the read; sampling: the backend's device verdict.
+        ``logits``: ``[nodes, vocab]``; ``drafted``: the tree as the method drafted it (``tree`` is its copy on the
+        logits' device), whose columns the host holds when a host-side builder drafted it."""
+        host_tree = drafted if drafted.host else None
         if self.config.sampling.greedy:
-            return StepVerdict(tree, choices=self.backend.greedy_choices(logits[None]))
-        return StepVerdict(tree, device_verdict=self._verify(logits[None], tree))
+            return StepVerdict(tree, choices=self.backend.greedy_choices(logits[None])[0], host_tree=host_tree)
+        return StepVerdict(tree, device_verdict=self._verify(logits[None], tree), host_tree=host_tree)
 
     @inference  # once per request: the forwards and tensor ops inside pay no mode switch each
     def generate(
@@ -214,14 +217,15 @@ class SpeculativeDecoder:
         reads_before, audited_before = self.reads.count, audited_count()
         clock = StepClock(self.target.device)
         drafter_before = self.drafter.forward_s if self.drafter is not None else 0.0
-        tree = self.method.draft(committed).to(self.target.device)
+        drafted = self.method.draft(committed)
+        tree = drafted.to(self.target.device)
         clock.mark()
         prefix = self.target.cache_length
         logits = self.target.forward_tree(tree.tokens, tree.depths, tree.ancestor_mask())
         clock.mark()
         # a target spread over devices returns logits from its last: verify there (moving the tree, not the logits)
         tree = tree.to(logits.device)
-        verdict = self._step_verdict(logits, tree)
+        verdict = self._step_verdict(logits, tree, drafted)
         extras = self.method.readback(tree, verdict, logits)
         packed, *host = fetch(verdict.packed(), *extras)
         accepted, new_tokens, node_depths, node_origins = verdict.unpack(host_value(packed))

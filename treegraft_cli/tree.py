@@ -560,6 +560,18 @@ class DraftTree:
         tree._adopt(buffers, self.ancestor_mask().index_select(0, kept).index_select(1, kept), k, self.host, longs)
         return tree
 
+    def select_nodes(self, kept: list[int]) -> DraftTree:
+        """``select`` from host node indices (ascending, root first, prefix-closed): a host tree's structure lists
+        follow in Python, so the selected tree's first ``listed`` reads nothing."""
+        tree = self.select(longs(kept))
+        if self.host:
+            tokens, parents, depths = (self.listed(name) for name in _STRUCTURE)
+            position = {node: j for j, node in enumerate(kept)}
+            tree._views.update({("list", "tokens"): [tokens[i] for i in kept],
+                                ("list", "parents"): [position.get(parents[i], -1) for i in kept],
+                                ("list", "depths"): [depths[i] for i in kept]})
+        return tree
+
     def top_by_score(self, budget: int) -> DraftTree:
         """The ``budget`` best non-root nodes by score, prefix-closed; no read.
 

@@ -197,8 +197,9 @@ def verify_sampling(
 class StepVerdict:
     """The target's verdict on one decoding step's tree, kept for the step's one read.
 
-    Greedy (built on ``choices``): the target's choice at every node stays on the device, is read with the tree's
-    columns and walked on the host (``accept_on_host``), a dozen tensor calls fewer than walking on the device.
+    Greedy (built on ``choices``): the target's choice at every node stays on the device, is read (with the tree's
+    columns when the host does not hold them) and walked on the host (``accept_on_host``), a dozen tensor calls fewer
+    than walking on the device.
     A method's ``readback`` that gathers rows along the path before the read finds them with ``path_rows``. Sampling
     (built on ``device_verdict``): the backend's verdict, whose draws only its own walk consumes.
     """
@@ -206,12 +207,16 @@ class StepVerdict:
     def __init__(
         self,
         tree: DraftTree,  # on the logits' device
-        choices: torch.Tensor | None = None,  # [1, nodes] greedy
+        choices: torch.Tensor | None = None,  # [nodes] greedy
         device_verdict: Verdict | None = None,  # batch 1
+        host_tree: DraftTree | None = None,
     ):
+        """``host_tree``: the tree as a host-side builder drafted it (``tree`` itself, or what ``tree`` was uploaded
+        from), when one did: its columns are known on the host, so the read carries the verdict's part alone."""
         self.tree = tree
         self.choices = choices
         self.device_verdict = device_verdict
+        self.host_tree = host_tree
 
     def path_rows(self, depth: int) -> torch.Tensor:  # [depth + 1] on the device
         """The root and the accepted node at each depth up to ``depth`` (the tree's deepest), the root (0) past the
@@ -225,7 +230,7 @@ class StepVerdict:
         tree = self.tree
         if depth == 0:  # the root alone
             return torch.zeros(1, dtype=torch.long, device=tree.device)
-        matches = tree.tokens == self.choices[0].index_select(0, tree.parents.clamp(min=0))
+        matches = tree.tokens == self.choices.index_select(0, tree.parents.clamp(min=0))
         matches[0].fill_(True)  # the root is committed
         accepted = (tree.ancestor_mask() <= matches).all(dim=1)  # [nodes]
         nodes = torch.arange(tree.num_nodes, device=tree.device).mul_(accepted)  # accepted node indices, 0 elsewhere
@@ -242,30 +247,44 @@ class StepVerdict:
         the path."""
         accepted = (path[1:] > 0).sum(0, keepdim=True)  # [1]
         if self.choices is not None:
-            return self.choices[0].index_select(0, path), accepted
+            return self.choices.index_select(0, path), accepted
         tokens = self.tree.tokens.index_select(0, path.roll(-1))  # [depth + 1] the accepted tokens, then the root's
         return tokens.index_copy_(0, accepted, self.device_verdict.bonus[:1]), accepted
 
-    def packed(self) -> torch.Tensor:  # [5 · nodes] greedy, [2 + 4 · nodes] sampling
-        """What the step reads: the verdict's part and the tree's tokens, depths and origins (for the acceptance
-        statistics), one tensor."""
+    def packed(self) -> torch.Tensor:  # greedy [nodes] (+ 4 · nodes), sampling [2 + nodes] (+ 3 · nodes)
+        """What the step reads, one tensor: the verdict's part, then the tree's tokens, (greedy) parents, depths and
+        origins (for the walk and the acceptance statistics) unless the host knows them (``host_tree``)."""
         tree = self.tree
         if self.choices is not None:
-            return torch.cat([self.choices[0], tree.tokens, tree.parents, tree.depths, tree.origins])
+            if self.host_tree is not None:
+                return self.choices
+            return torch.cat([self.choices, tree.tokens, tree.parents, tree.depths, tree.origins])
         verdict = self.device_verdict
-        return torch.cat([verdict.num_accepted, verdict.bonus, verdict.path[0], tree.tokens, tree.depths, tree.origins])
+        part = [verdict.num_accepted, verdict.bonus, verdict.path[0]]
+        return torch.cat(part if self.host_tree is not None else [*part, tree.tokens, tree.depths, tree.origins])
 
     def unpack(self, values: list[int]) -> tuple[list[int], list[int], list[int], list[int]]:
         """From the read ``packed``: the accepted node indices root first, the new tokens (the accepted ones, then the
         bonus), and the depths and origins of the non-root nodes."""
         n = self.tree.num_nodes
+        host = self.host_columns()
         if self.choices is not None:
             choices = values[:n]
-            accepted, _ = accept_on_host(choices, values[n : 2 * n], values[2 * n : 3 * n])
+            tokens, parents, depths, origins = host or (
+                values[n : 2 * n], values[2 * n : 3 * n], values[3 * n : 4 * n], values[4 * n :])
+            accepted, _ = accept_on_host(choices, tokens, parents)
             # an accepted node's token is its parent's choice: the new tokens are the choices along the path
-            return accepted, [choices[node] for node in accepted], values[3 * n + 1 : 4 * n], values[4 * n + 1 :]
+            return accepted, [choices[node] for node in accepted], depths[1:], origins[1:]
         num_accepted, bonus = values[0], values[1]
         accepted = values[2 : num_accepted + 3]
-        tokens = values[n + 2 : 2 * n + 2]
+        tokens, _, depths, origins = host or (
+            values[n + 2 : 2 * n + 2], None, values[2 * n + 2 : 3 * n + 2], values[3 * n + 2 :])
         new_tokens = [tokens[node] for node in accepted[1:]] + [bonus]
-        return accepted, new_tokens, values[2 * n + 3 : 3 * n + 2], values[3 * n + 3 :]
+        return accepted, new_tokens, depths[1:], origins[1:]
+
+    def host_columns(self) -> tuple[list[int], list[int], list[int], list[int]] | None:
+        """The host tree's tokens, parents, depths and origins as lists; None without a host tree."""
+        tree = self.host_tree
+        if tree is None:
+            return None
+        return tree.listed("tokens"), tree.listed("parents"), tree.listed("depths"), tree.host_list("origins")

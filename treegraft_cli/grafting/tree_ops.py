@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from ..hostlists import longs
 from ..tree import DraftTree
 
 
@@ -35,7 +34,7 @@ def cut_to_budget(tree: DraftTree, budget: int) -> DraftTree:
     if tree.size <= budget:
         return tree
     if tree.host:
-        return tree.select(longs(_top_closed_on_host(tree, budget)))
+        return tree.select_nodes(_top_closed_on_host(tree, budget))
     scores = monotone_scores(tree)
     order = torch.sort(scores[1:], descending=True, stable=True).indices + 1
     keep = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)

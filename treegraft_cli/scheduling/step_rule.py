@@ -81,7 +81,6 @@ from typing import Any
 
 import torch
 
-from ..hostlists import longs
 from ..syncs import host_value
 from ..tree import DraftTree
 from .calibration import AcceptanceCalibration, committed_path, host_columns
@@ -440,7 +439,7 @@ class StepRule(CallPolicy):
         if kept >= len(order):
             return tree
         self.untrimmed = tree  # what ``observe`` calibrates on: the nodes trimmed away count too
-        return tree.select(longs([0, *sorted(order[:kept])]))
+        return tree.select_nodes([0, *sorted(order[:kept])])
 
     def strong_tau(self, kind: StepKind) -> float:
         """τ of a strong kind: measured, or the prior before its first step."""
