@@ -117,13 +117,16 @@ class TreeDrafter(ModelDrafter):
         forward the few the drafter lacks (its node rows of the accepted path are forwarded again), and saves that
         call's read: the host reads this one with the verdict."""
         self.lm.crop(self.committed_length)
-        known = on_device_of(committed[self.committed_length :], self.device)
-        tokens = torch.cat([known, on_device_of(block, self.device)])
+        known = committed.shape[0] - self.committed_length  # committed tokens not forwarded yet (none after a look-ahead)
+        tokens = on_device_of(block, self.device)
+        root = on_device_of(accepted, self.device)  # [1] the root's row in the forward
+        if known:
+            tokens = torch.cat([on_device_of(committed[self.committed_length :], self.device), tokens])
+            root = root + known
         positions = torch.arange(self.committed_length, self.committed_length + tokens.shape[0], device=self.device)
-        root = on_device_of(accepted, self.device) + known.shape[0]  # [1] the root's row in the forward
         logits = self.lm.forward(tokens, positions, logits_to_keep=root)  # [1, vocab]
         self.calls += 1
-        self.ahead = known.shape[0]
+        self.ahead = known
         self.logp_rows.keep(0)
         self.logp_rows.append(logits)
         return torch.topk(self.logp_rows.view, k)
