@@ -453,7 +453,7 @@ class LayerLoop:
             g.sync()
             g.expanded[0].fill_(True)
             g.expanded_nodes.add(0)
-            # the children in index order are best first: top-K sorts descending, ties to the lower index
+            # top-K lists the children best first, so in node order they are the frontier ``best_nodes`` would pick
             g.frontier = self.first_children[: len(lookup.top_tokens[0])]
         return 0
 
