@@ -157,6 +157,26 @@ def test_forced_actions_drive_the_loop(tiny_self_pair):
     tree.validate(SMALL_TREE.budget)
 
 
+class AskedPerState(FixedLayers):
+    """``FixedLayers`` that the layer loop must ask through a state at every layer."""
+
+    def wants_layer(self, layer: int) -> None:
+        return None
+
+
+@pytest.mark.parametrize(("layers", "call_budget"), [((), 3), ((1, 3), 3), ((2, 3, 4), 2), ((1, 2, 3, 4), 1)])
+def test_a_policy_deciding_by_layer_builds_what_it_builds_when_asked_per_state(tiny_self_pair, layers, call_budget):
+    method, committed = started_method(tiny_self_pair, "all-small", repetitive_prompt(2))
+    by_layer, per_state = FixedLayers(call_budget, layers), AskedPerState(call_budget, layers)
+    assert by_layer.wants_layer(3) == (3 in layers)
+    tree, records = method.build(committed, policy=by_layer)
+    again, records_again = method.build(committed, policy=per_state)  # the same step drafted again
+    assert [r.called for r in records] == [r.called for r in records_again]
+    assert sum(r.called for r in records) == min(call_budget, len(layers))
+    for name in ("tokens", "parents", "depths", "scores", "origins"):
+        assert torch.equal(getattr(tree, name), getattr(again, name)), name
+
+
 def test_cut_keeps_ancestors_even_when_chain_scores_exceed_parents():
     tree = DraftTree.from_root(0)
     a = tree.add_children(torch.tensor([0]), torch.tensor([1]), torch.tensor([-2.0]), ORIGIN_MODEL)

@@ -203,13 +203,20 @@ class LayerLoop:
         layer = 1
         while layer <= self.shape.depth:
             with host_only():
-                previewed = policy.previews(layer) and layer not in forced
-                proposal = self.propose_weak(g, layer) if previewed else None
-                window = self.window_nodes(g, layer)
-                state = self.state(g, layer, costs, prompt_length, proposal, self.strong_lag(committed), history, window)
-                # recorded as the policy sees them: before the layer grows the tree the state holds
-                recorded = (features(state), preview_features(state)) if record else (None, ())
-                wanted = forced[layer] if layer in forced else policy.decide(state)
+                by_layer = None if record or layer in forced else policy.wants_layer(layer)
+                if by_layer is None:
+                    previewed = policy.previews(layer) and layer not in forced
+                    proposal = self.propose_weak(g, layer) if previewed else None
+                    window = self.window_nodes(g, layer)
+                    state = self.state(g, layer, costs, prompt_length, proposal, self.strong_lag(committed), history,
+                                       window)
+                    # recorded as the policy sees them: before the layer grows the tree the state holds
+                    recorded = (features(state), preview_features(state)) if record else (None, ())
+                    wanted = forced[layer] if layer in forced else policy.decide(state)
+                else:  # a policy deciding by the layer alone: ``decide``'s budget and window, no state
+                    proposal, recorded = None, (None, ())
+                    wanted = by_layer and len(g.called) < policy.call_budget
+                    window = self.window_nodes(g, layer) if wanted else []
                 call = wanted and self.strong is not None and bool(window)
             plan = self.run_plan(committed, policy) if call and layer == 1 and not forced and not record else None
             if plan is not None:

@@ -399,6 +399,11 @@ class CallPolicy(ABC):
             return False
         return self.wants_call(state)
 
+    def wants_layer(self, layer: int) -> bool | None:
+        """``wants_call`` when it depends on the layer alone, else None. The layer loop then builds no state for the
+        policy, and looks up the graft window only where it calls (``decide`` with the same budget and window)."""
+        return None
+
     @abstractmethod
     def wants_call(self, state: SchedulerState) -> bool:
         """The policy's own preference, before the budget."""
@@ -410,11 +415,17 @@ class AllSmall(CallPolicy):
     def wants_call(self, state: SchedulerState) -> bool:
         return False
 
+    def wants_layer(self, layer: int) -> bool:
+        return False
+
 
 class AllMid(CallPolicy):
     name = "all-mid"
 
     def wants_call(self, state: SchedulerState) -> bool:
+        return True
+
+    def wants_layer(self, layer: int) -> bool:
         return True
 
     def planned_calls(self, num_layers: int) -> int:
@@ -439,6 +450,9 @@ class FixedLayers(CallPolicy):
 
     def wants_call(self, state: SchedulerState) -> bool:
         return state.layer in self.layers
+
+    def wants_layer(self, layer: int) -> bool:
+        return layer in self.layers
 
     def planned_calls(self, num_layers: int) -> int:
         return leading_layers(self.layers, num_layers, self.call_budget)
