@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treegraft_cli.lm import CausalLM
-from treegraft_cli.tree import ORIGIN_MODEL, DraftTree, best_by_score
+from treegraft_cli.tree import ORIGIN_MODEL, DraftTree, RootTrees, best_by_score
 from treegraft_cli.verify import tree_buffers
 
 
@@ -206,6 +206,29 @@ def test_root_children_equal_a_merge_of_new_children(capacity):
     fast.validate()
     with pytest.raises(ValueError, match="root alone"):
         fast.add_root_children([1], [-1.0], ORIGIN_MODEL)
+
+
+@pytest.mark.parametrize("k", [4, 70])  # 70: more children than a root-only tree's buffers hold
+def test_a_tree_under_the_root_from_its_prototype_equals_root_children_added(k):
+    """``RootTrees.under_root`` copies a prototype and writes tokens and scores: the tree, lists and key index
+    ``add_root_children`` writes, every time (a copy, not the prototype), and it grows as any other."""
+    roots, device = RootTrees(), torch.device("cpu")
+    tokens, scores = [3 * i + 1 for i in range(k)], [-0.25 * i for i in range(k)]
+    for root in (5, 8):  # the second copy must not see the first's writes
+        fast = roots.under_root(root, tokens, scores, ORIGIN_MODEL, device)
+        added = DraftTree.from_root(root, host=True)
+        added.add_root_children(tokens, scores, ORIGIN_MODEL)
+        for tree in (fast, added):
+            tree.add_rescored_children([2, 0], [6, 1], [-2.5, -1.0], ORIGIN_MODEL, tree.host_list("scores"))
+        for name in ("tokens", "parents", "depths", "scores", "origins", "kv_slot"):
+            assert torch.equal(getattr(fast, name), getattr(added, name)), name
+            if name in ("tokens", "parents", "depths"):
+                assert fast.listed(name) == added.listed(name) == getattr(added, name).tolist(), name
+        assert torch.equal(fast.ancestor_mask(), added.ancestor_mask())
+        assert fast.num_nodes == k + 2  # (0, 1) merged into node 1, (2, 6) added
+        fast.validate()
+    expanded, rows = roots.side(device, 8, root_expanded=True)
+    assert expanded.tolist() == [True] + [False] * 7 and rows.tolist() == [0] + [-1] * 7
 
 
 def test_validate_refuses_a_mask_that_misses_an_ancestor():

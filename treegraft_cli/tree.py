@@ -96,6 +96,22 @@ class DraftTree:
                 tree._indexed = 1  # the root's key is never looked up: every request names a parent ≥ 0
         return tree
 
+    @classmethod
+    def from_root_children(cls, parts: tuple[torch.Tensor, ...], root_token: int, tokens: list[int],
+                           scores: list[float]) -> DraftTree:
+        """The host tree ``add_root_children`` makes of a root-only tree, on ``parts``: buffers of a root and
+        ``len(tokens)`` children whose parents, depths, origins and ancestor mask are written already (``RootTrees``).
+        Writes the tokens (``tokens`` distinct) and the children's ``scores`` (float32 values)."""
+        k = len(tokens)
+        parts[0][0, : 1 + k] = longs([root_token, *tokens])  # the tokens row of the int64 block
+        parts[1][1 : 1 + k] = floats(scores)
+        tree = cls.from_parts(parts, 1 + k, host=True)
+        tree._views.update({("list", "tokens"): [root_token, *tokens], ("list", "parents"): [-1] + [0] * k,
+                            ("list", "depths"): [0] + [1] * k})
+        tree._key_index = {(0, token): node for node, token in enumerate(tokens, start=1)}
+        tree._indexed = 1 + k
+        return tree
+
     def parts(self) -> tuple[torch.Tensor, ...]:
         """The tree's whole buffers: int64 columns ``[4, capacity]``, scores, origins, ancestor mask (``from_parts``):
         what reading the tree to the host takes, for one ``fetch`` together with other tensors."""
@@ -652,13 +668,15 @@ def _columns(parts: tuple[torch.Tensor, ...]) -> tuple[dict[str, torch.Tensor], 
 
 
 class RootTrees:
-    """Each step's root-only tree, copied from a prototype built once per device and capacity: a tree builder
-    starts a tree every step, and four copies cost less than seven allocations and the root's writes.
-    Each tree builder owns one."""
+    """Each step's first tree, copied from a prototype built once per device and shape: the root alone
+    (``tree``), or the root and its children (``under_root``, a step whose first layer grafts from a lookup made
+    ahead). A tree builder starts a tree every step, and four copies cost less than seven allocations and the writes
+    of the structure. Each tree builder owns one."""
 
     def __init__(self) -> None:
         self._prototypes: dict[tuple[torch.device, int], tuple[torch.Tensor, ...]] = {}
-        self._sides: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._sides: dict[tuple[torch.device, int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._under_root: dict[tuple[torch.device, int, int], tuple[torch.Tensor, ...]] = {}
 
     def tree(self, root_token: int | torch.Tensor, device: torch.device | str = "cpu", capacity: int = 0,
              host: bool = False) -> DraftTree:
@@ -669,13 +687,31 @@ class RootTrees:
             prototype = self._prototypes[(device, capacity)] = _fresh(device, capacity)
         return DraftTree.from_root(root_token, device, capacity, host, tuple(t.clone() for t in prototype))
 
-    def side(self, device: torch.device, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:  # [capacity] twice
-        """Fresh buffers of the side columns a layer loop keeps beside its tree: a strong-expanded flag (False) and a
-        log-prob row (-1) per node."""
-        prototype = self._sides.get((device, capacity))
+    def under_root(self, root_token: int, tokens: list[int], scores: list[float], origin: int,
+                   device: torch.device) -> DraftTree:
+        """A host tree of the root and its children ``tokens`` (distinct; ``scores`` float32), copied from a
+        prototype of that shape built once per device, child count and origin: ``add_root_children`` of ``tree``'s
+        root-only tree, for the price of the copies and two writes."""
+        key = (device, len(tokens), origin)
+        prototype = self._under_root.get(key)
         if prototype is None:
-            prototype = self._sides[(device, capacity)] = (
-                torch.zeros(capacity, dtype=torch.bool, device=device), torch.full((capacity,), -1, device=device))
+            shape = self.tree(0, device, host=True)
+            shape.add_root_children(list(range(len(tokens))), [0.0] * len(tokens), origin)
+            prototype = self._under_root[key] = shape.parts()
+        return DraftTree.from_root_children(tuple(t.clone() for t in prototype), root_token, tokens, scores)
+
+    def side(self, device: torch.device, capacity: int, root_expanded: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fresh buffers of the side columns a layer loop keeps beside its tree (``[capacity]`` twice): a
+        strong-expanded flag (False) and a log-prob row (-1) per node; with ``root_expanded``, the root's flag set and
+        its row 0 (a strong call grafted under it from the drafter's row 0)."""
+        key = (device, capacity, root_expanded)
+        prototype = self._sides.get(key)
+        if prototype is None:
+            expanded = torch.zeros(capacity, dtype=torch.bool, device=device)
+            rows = torch.full((capacity,), -1, device=device)
+            if root_expanded:
+                expanded[0], rows[0] = True, 0
+            prototype = self._sides[key] = (expanded, rows)
         return prototype[0].clone(), prototype[1].clone()
 
 

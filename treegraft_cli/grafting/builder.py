@@ -85,6 +85,19 @@ class Growth:
                    spare={"expanded": expanded, "rows": rows})
 
     @classmethod
+    def under_root(cls, root_token: int, lookup: StrongLookup, frontier: torch.Tensor, roots: RootTrees) -> Growth:
+        """The state after layer 1 called the strong drafter on the root alone, from ``lookup`` (its top-K, made
+        ahead): the root's children, best first, are the frontier (``frontier``: ``[K]`` node indices 1..K), the
+        root is expanded and its row is the drafter's row 0. Tree and side columns are copies of ``roots``'
+        prototypes of that shape."""
+        tree = roots.under_root(root_token, lookup.top_tokens[0], lookup.top_logp[0], ORIGIN_MODEL, HOST)
+        expanded, rows = roots.side(HOST, SIDE_CAPACITY, root_expanded=True)
+        g = cls(tree, frontier[: tree.num_nodes - 1], expanded[:1], set(), rows[:1], [1],
+                spare={"expanded": expanded, "rows": rows}, expanded_nodes={0})
+        g.sync()
+        return g
+
+    @classmethod
     def after_run(cls, run: RunResult, layers: int) -> Growth:
         """The state after a device run of strong layers 1..``layers`` (``strong_run``)."""
         with host_only():
@@ -199,8 +212,11 @@ class LayerLoop:
                 return self.strong_tree(committed), records, 0
         ahead, self.ahead = self.ahead, None
         root_lookup = ahead[1] if ahead is not None and ahead[0] == committed.shape[0] and not forced else None
-        g, records = Growth.start(self.index.context[-1], roots=self.roots), []
-        layer = 1
+        if root_lookup is not None and not record and policy.wants_layer(1) and policy.call_budget >= 1:
+            g = self.graft_root(committed, root_lookup)  # layer 1, decided by the layer alone
+            records, layer = [LayerRecord(1, True, False, None, (), 0)], 2
+        else:
+            g, records, layer = Growth.start(self.index.context[-1], roots=self.roots), [], 1
         while layer <= self.shape.depth:
             with host_only():
                 by_layer = None if record or layer in forced else policy.wants_layer(layer)
@@ -427,7 +443,10 @@ class LayerLoop:
         with host_only():
             in_window = self.window_nodes(g, layer) if window is None else window
         if root_lookup is not None and tree.num_nodes == 1 and in_window == [0]:
-            return self.graft_root(g, committed, root_lookup)
+            grafted = self.graft_root(committed, root_lookup)
+            g.tree, g.frontier, g.expanded, g.rows = grafted.tree, grafted.frontier, grafted.expanded, grafted.rows
+            g.spare, g.expanded_nodes = grafted.spare, grafted.expanded_nodes
+            return 0
         with host_only():
             parents, tokens, scores = tree.listed("parents"), tree.listed("tokens"), tree.host_list("scores")
             nodes = needed_nodes(parents, scores, g.rows.tolist(), in_window, self.pool_at(g))
@@ -449,20 +468,14 @@ class LayerLoop:
             self.grafted(g, positions, children, scores)
         return len(nodes)
 
-    def graft_root(self, g: Growth, committed: torch.Tensor, lookup: StrongLookup) -> int:
-        """``strong_layer`` on a tree holding the root alone, from the root's lookup made ahead: the drafter has
-        nothing to forward (the root's row is its row 0), the root is the only candidate, and its top-K children are
-        new nodes. Returns 0: no tree node forwarded."""
-        self.strong.forward(committed, None, self.nothing[0], g.rows, None)  # the root's row, kept ahead
+    def graft_root(self, committed: torch.Tensor, lookup: StrongLookup) -> Growth:
+        """``strong_layer`` at layer 1 on the root alone, from the root's lookup made ahead: the drafter has nothing
+        to forward (the root's row is its row 0, kept ahead), the root is the only candidate, and its top-K children
+        are new nodes (``Growth.under_root``; no tree node forwarded)."""
+        self.strong.forward(committed, None, self.nothing[0], None, None)  # keeps the root's row 0 for this step
+        # top-K lists the children best first, so in node order they are the frontier ``best_nodes`` would pick
         with host_only():
-            # the root scores 0, so each child's score is its log-prob (float32 already); top-K tokens are distinct
-            g.tree.add_root_children(lookup.top_tokens[0], lookup.top_logp[0], ORIGIN_MODEL)
-            g.sync()
-            g.expanded[0].fill_(True)
-            g.expanded_nodes.add(0)
-            # top-K lists the children best first, so in node order they are the frontier ``best_nodes`` would pick
-            g.frontier = self.first_children[: len(lookup.top_tokens[0])]
-        return 0
+            return Growth.under_root(self.index.context[-1], lookup, self.first_children, self.roots)
 
     def grafted(self, g: Growth, positions: list[int], children: list[int], scores: list[float]) -> None:
         """After a strong call's merge: the side columns follow the tree, ``positions`` are expanded, and the K best
