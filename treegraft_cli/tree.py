@@ -675,7 +675,7 @@ class RootTrees:
 
     def __init__(self) -> None:
         self._prototypes: dict[tuple[torch.device, int], tuple[torch.Tensor, ...]] = {}
-        self._sides: dict[tuple[torch.device, int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._sides: dict[tuple[torch.device, int, bool], torch.Tensor] = {}
         self._under_root: dict[tuple[torch.device, int, int], tuple[torch.Tensor, ...]] = {}
 
     def tree(self, root_token: int | torch.Tensor, device: torch.device | str = "cpu", capacity: int = 0,
@@ -700,19 +700,16 @@ class RootTrees:
             prototype = self._under_root[key] = shape.parts()
         return DraftTree.from_root_children(tuple(t.clone() for t in prototype), root_token, tokens, scores)
 
-    def side(self, device: torch.device, capacity: int, root_expanded: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fresh buffers of the side columns a layer loop keeps beside its tree (``[capacity]`` twice): a
-        strong-expanded flag (False) and a log-prob row (-1) per node; with ``root_expanded``, the root's flag set and
-        its row 0 (a strong call grafted under it from the drafter's row 0)."""
-        key = (device, capacity, root_expanded)
+    def rows(self, device: torch.device, capacity: int, root_row: bool = False) -> torch.Tensor:  # [capacity]
+        """A fresh buffer of the side column a layer loop keeps beside its tree: each node's strong log-prob row, -1
+        (never forwarded); with ``root_row``, the root's is row 0 (a strong call grafted under it)."""
+        key = (device, capacity, root_row)
         prototype = self._sides.get(key)
         if prototype is None:
-            expanded = torch.zeros(capacity, dtype=torch.bool, device=device)
-            rows = torch.full((capacity,), -1, device=device)
-            if root_expanded:
-                expanded[0], rows[0] = True, 0
-            prototype = self._sides[key] = (expanded, rows)
-        return prototype[0].clone(), prototype[1].clone()
+            prototype = self._sides[key] = torch.full((capacity,), -1, device=device)
+            if root_row:
+                prototype[0] = 0
+        return prototype.clone()
 
 
 def _as(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

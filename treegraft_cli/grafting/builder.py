@@ -60,40 +60,37 @@ SIDE_CAPACITY = 64  # nodes the side columns' buffers hold at first
 
 @dataclass
 class Growth:
-    """The mutable state of one step's tree while it grows; side columns are aligned with the tree."""
+    """The mutable state of one step's tree while it grows; the side column ``rows`` is aligned with the tree."""
 
     tree: DraftTree
     frontier: torch.Tensor  # [f] node indices
-    expanded: torch.Tensor  # [num_nodes] bool: the strong drafter added this node's top-K children
     weak_done: set[int]  # nodes the weak drafter expanded
     rows: torch.Tensor  # [num_nodes] long: the node's strong log-prob row, -1 if never forwarded
     called: list[int] = field(default_factory=list)  # layers that called the strong drafter
     weak_expansions: int = 0
-    spare: dict[str, torch.Tensor] = field(default_factory=dict)  # buffers the side columns are views of
-    expanded_nodes: set[int] = field(default_factory=set)  # where ``expanded`` is set, on the host
+    spare: torch.Tensor | None = None  # the buffer ``rows`` is a view of
+    expanded_nodes: set[int] = field(default_factory=set)  # nodes the strong drafter added top-K children under
     weak_chains: bool = False  # a weak layer hung n-gram chains (scores a strong call rescores)
 
     @classmethod
     def start(cls, root_token: int, device: torch.device = HOST, roots: RootTrees | None = None) -> Growth:
         """A host tree holding the root: the layer loop runs on the host (its weak drafter is host-side by
-        nature); only the strong drafter's forwards and look-ups run on the device. The side columns' buffers are
-        copies of ``roots``' (``RootTrees.side``), so the first layer to grow the tree allocates nothing."""
+        nature); only the strong drafter's forwards and look-ups run on the device. The side column's buffer is a
+        copy of ``roots``' (``RootTrees.rows``), so the first layer to grow the tree allocates nothing."""
         roots = roots or RootTrees()
         tree = roots.tree(root_token, device, host=True)
-        expanded, rows = roots.side(device, SIDE_CAPACITY)
-        return cls(tree, torch.zeros(1, dtype=torch.long, device=device), expanded[:1], set(), rows[:1],
-                   spare={"expanded": expanded, "rows": rows})
+        rows = roots.rows(device, SIDE_CAPACITY)
+        return cls(tree, torch.zeros(1, dtype=torch.long, device=device), set(), rows[:1], spare=rows)
 
     @classmethod
     def under_root(cls, root_token: int, lookup: StrongLookup, frontier: torch.Tensor, roots: RootTrees) -> Growth:
         """The state after layer 1 called the strong drafter on the root alone, from ``lookup`` (its top-K, made
         ahead): the root's children, best first, are the frontier (``frontier``: ``[K]`` node indices 1..K), the
-        root is expanded and its row is the drafter's row 0. Tree and side columns are copies of ``roots``'
+        root is expanded and its row is the drafter's row 0. Tree and side column are copies of ``roots``'
         prototypes of that shape."""
         tree = roots.under_root(root_token, lookup.top_tokens[0], lookup.top_logp[0], ORIGIN_MODEL, HOST)
-        expanded, rows = roots.side(HOST, SIDE_CAPACITY, root_expanded=True)
-        g = cls(tree, frontier[: tree.num_nodes - 1], expanded[:1], set(), rows[:1], [1],
-                spare={"expanded": expanded, "rows": rows}, expanded_nodes={0})
+        rows = roots.rows(HOST, SIDE_CAPACITY, root_row=True)
+        g = cls(tree, frontier[: tree.num_nodes - 1], set(), rows[:1], [1], spare=rows, expanded_nodes={0})
         g.sync()
         return g
 
@@ -102,22 +99,18 @@ class Growth:
         """The state after a device run of strong layers 1..``layers`` (``strong_run``)."""
         with host_only():
             expanded_nodes = {i for i, flag in enumerate(run.expanded.tolist()) if flag}
-        return cls(run.tree, run.frontier, run.expanded, set(), run.rows, list(range(1, layers + 1)),
-                   expanded_nodes=expanded_nodes)
+        return cls(run.tree, run.frontier, set(), run.rows, list(range(1, layers + 1)), expanded_nodes=expanded_nodes)
 
     def sync(self) -> None:
-        """Grow the side columns to the tree's size: views of buffers that double when full (no copy per layer)."""
+        """Grow the side column to the tree's size: a view of a buffer that doubles when full (no copy per layer)."""
         n = self.tree.num_nodes
         if self.rows.shape[0] == n:
             return
-        for name, fill in (("expanded", False), ("rows", -1)):
-            column = getattr(self, name)
-            buffer = self.spare.get(name)
-            if buffer is None or buffer.shape[0] < n:
-                buffer = torch.full((max(2 * n, SIDE_CAPACITY),), fill, dtype=column.dtype, device=column.device)
-                buffer[: column.shape[0]] = column
-                self.spare[name] = buffer
-            setattr(self, name, buffer[:n])
+        if self.spare is None or self.spare.shape[0] < n:
+            spare = torch.full((max(2 * n, SIDE_CAPACITY),), -1, dtype=self.rows.dtype, device=self.rows.device)
+            spare[: self.rows.shape[0]] = self.rows
+            self.spare = spare
+        self.rows = self.spare[:n]
 
 
 @dataclass(frozen=True)
@@ -444,7 +437,7 @@ class LayerLoop:
             in_window = self.window_nodes(g, layer) if window is None else window
         if root_lookup is not None and tree.num_nodes == 1 and in_window == [0]:
             grafted = self.graft_root(committed, root_lookup)
-            g.tree, g.frontier, g.expanded, g.rows = grafted.tree, grafted.frontier, grafted.expanded, grafted.rows
+            g.tree, g.frontier, g.rows = grafted.tree, grafted.frontier, grafted.rows
             g.spare, g.expanded_nodes = grafted.spare, grafted.expanded_nodes
             return 0
         with host_only():
@@ -478,12 +471,10 @@ class LayerLoop:
             return Growth.under_root(self.index.context[-1], lookup, self.first_children, self.roots)
 
     def grafted(self, g: Growth, positions: list[int], children: list[int], scores: list[float]) -> None:
-        """After a strong call's merge: the side columns follow the tree, ``positions`` are expanded, and the K best
+        """After a strong call's merge: the side column follows the tree, ``positions`` are expanded, and the K best
         of the call's ``children`` (by ``scores``, every node's) are the next frontier."""
         g.sync()
-        if positions:
-            g.expanded[longs(positions)] = True
-            g.expanded_nodes.update(positions)
+        g.expanded_nodes.update(positions)
         g.frontier = longs(best_nodes(scores, sorted(set(children)), self.shape.top_k))
 
 
