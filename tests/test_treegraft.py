@@ -259,6 +259,21 @@ def test_target_logprob_cache_scores_and_penalises():
     assert cache.values.shape[0] == 2
 
 
+def test_target_logprob_cache_keeps_positions_as_a_concatenation_would():
+    """Rows written in place into buffers that grow: overwriting from a position forgets the ones after it, a gap
+    is refused, and what is kept equals the rows concatenated in the same order."""
+    cache, generator = TargetLogProbCache(width=3, fallback_penalty=5.0), torch.Generator().manual_seed(0)
+    expected_values, expected_tokens = torch.empty(0, 3), torch.empty(0, 3, dtype=torch.long)
+    for start, count in [(0, 50), (49, 3), (52, 40), (60, 1), (61, 100)]:  # past the first buffers' 64 and 128 rows
+        values, tokens = torch.randn(count, 3, generator=generator), torch.randint(0, 99, (count, 3), generator=generator)
+        cache.append_top(start, values, tokens)
+        expected_values = torch.cat([expected_values[:start], values])
+        expected_tokens = torch.cat([expected_tokens[:start], tokens])
+        assert torch.equal(cache.values, expected_values) and torch.equal(cache.tokens, expected_tokens)
+    with pytest.raises(ValueError, match="gap"):
+        cache.append_top(cache.length + 1, values[:1], tokens[:1])
+
+
 @pytest.mark.parametrize("penalty", [5.0, 0.3])  # 0.3 is not a float32: the host path must round as the tensor one
 def test_target_logprob_cache_scores_the_same_on_host_lists(penalty):
     generator = torch.Generator().manual_seed(0)

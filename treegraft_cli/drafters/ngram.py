@@ -29,17 +29,28 @@ from .logp_rows import log_softmax_float32
 
 
 class TargetLogProbCache:
-    """Top-W target log-probs at committed positions: ``values``/``tokens`` ``[positions, W]``."""
+    """Top-W target log-probs at committed positions: ``values``/``tokens`` ``[positions, W]``.
+
+    The rows live in buffers that double when full: a step writes its few new rows in place, not a concatenation
+    that copies every earlier position again."""
 
     def __init__(self, width: int, fallback_penalty: float):
         self.width = width
         self.fallback_penalty = fallback_penalty
-        self.values = torch.empty(0, width)
-        self.tokens = torch.empty(0, width, dtype=torch.long)
+        self.reset()
 
     def reset(self) -> None:
-        self.values = torch.empty(0, self.width)
-        self.tokens = torch.empty(0, self.width, dtype=torch.long)
+        self._values = torch.empty(0, self.width)  # [capacity, W] float32
+        self._tokens = torch.empty(0, self.width, dtype=torch.long)  # [capacity, W]
+        self.length = 0  # positions recorded
+
+    @property
+    def values(self) -> torch.Tensor:  # [positions, W]
+        return self._values[: self.length]
+
+    @property
+    def tokens(self) -> torch.Tensor:  # [positions, W]
+        return self._tokens[: self.length]
 
     def append(self, start: int, logits: torch.Tensor) -> None:  # logits: [m, vocab] at positions start..start+m
         """Record positions ``start..start+m``; rows already recorded there are overwritten."""
@@ -51,9 +62,19 @@ class TargetLogProbCache:
         return torch.topk(logp, min(self.width, logp.shape[-1]), dim=-1)
 
     def append_top(self, start: int, values: torch.Tensor, tokens: torch.Tensor) -> None:  # host [m, W] each
-        """``append`` from rows already reduced by ``top`` and read to the host."""
-        self.values = torch.cat([self.values[:start], values])
-        self.tokens = torch.cat([self.tokens[:start], tokens])
+        """``append`` from rows already reduced by ``top`` and read to the host: positions ``start..start+m``, the
+        ones after forgotten. ``start`` is a recorded position or the first unrecorded one."""
+        if start > self.length:
+            raise ValueError(f"position {start} would leave a gap after the {self.length} recorded")
+        end = start + values.shape[0]
+        if end > self._values.shape[0] or self._values.shape[1:] != values.shape[1:]:
+            grown_values = values.new_empty(max(2 * end, 64), values.shape[1])
+            grown_tokens = tokens.new_empty(max(2 * end, 64), tokens.shape[1])
+            if self._values.shape[1:] == values.shape[1:]:  # a new width (a smaller vocabulary) keeps nothing
+                grown_values[:start], grown_tokens[:start] = self._values[:start], self._tokens[:start]
+            self._values, self._tokens = grown_values, grown_tokens
+        self._values[start:end], self._tokens[start:end] = values, tokens
+        self.length = end
 
     def score(self, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:  # [m], [m] -> [m]
         """Log-prob of ``tokens`` after ``positions``; outside the top-W: W-th best minus the penalty."""
@@ -74,12 +95,12 @@ class TargetLogProbCache:
         else the W-th best minus the penalty rounded as a float32 subtraction."""
         if not positions:
             return []
-        length = self.values.shape[0]
+        length = self.length
         if length == 0:
             return [float32(-self.fallback_penalty)] * len(positions)
         rows = longs([min(p, length - 1) for p in positions])
         with host_only():
-            values, top = self.values.index_select(0, rows).tolist(), self.tokens.index_select(0, rows).tolist()
+            values, top = self._values.index_select(0, rows).tolist(), self._tokens.index_select(0, rows).tolist()
         penalty = float32(self.fallback_penalty)
         out = []
         for position, token, row, row_tokens in zip(positions, tokens, values, top, strict=True):
