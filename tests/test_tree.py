@@ -186,6 +186,18 @@ def test_host_chains_equal_level_by_level_merging(case):
     tree.validate()
 
 
+def grown_alike(fast: DraftTree, reference: DraftTree, parents: list[int], tokens: list[int]) -> None:
+    """Grow both host trees by the same merge of children under ``parents``, then assert they hold the same columns,
+    structure lists (equal to their columns) and ancestor mask."""
+    for tree in (fast, reference):
+        tree.add_rescored_children(parents, tokens, [-2.5, -1.0], ORIGIN_MODEL, tree.host_list("scores"))
+    for name in ("tokens", "parents", "depths", "scores", "origins", "kv_slot"):
+        assert torch.equal(getattr(fast, name), getattr(reference, name)), name
+        if name in ("tokens", "parents", "depths"):
+            assert fast.listed(name) == reference.listed(name) == getattr(reference, name).tolist(), name
+    assert torch.equal(fast.ancestor_mask(), reference.ancestor_mask())
+
+
 @pytest.mark.parametrize("capacity", [0, 3])  # 3: the children outgrow the buffers
 def test_root_children_equal_a_merge_of_new_children(capacity):
     """``add_root_children`` writes the tree, lists and key index that ``add_rescored_children`` writes on a root-only
@@ -195,13 +207,7 @@ def test_root_children_equal_a_merge_of_new_children(capacity):
     fast.add_root_children(tokens, scores, ORIGIN_MODEL)
     merged = DraftTree.from_root(5, host=True, capacity=capacity)
     merged.add_rescored_children([0] * 4, tokens, scores, ORIGIN_MODEL, [0.0])
-    for tree in (fast, merged):
-        tree.add_rescored_children([2, 0], [6, 3], [-2.5, -1.0], ORIGIN_MODEL, tree.host_list("scores"))
-    for name in ("tokens", "parents", "depths", "scores", "origins", "kv_slot"):
-        assert torch.equal(getattr(fast, name), getattr(merged, name)), name
-        if name in ("tokens", "parents", "depths"):
-            assert fast.listed(name) == merged.listed(name) == getattr(merged, name).tolist(), name
-    assert torch.equal(fast.ancestor_mask(), merged.ancestor_mask())
+    grown_alike(fast, merged, [2, 0], [6, 3])
     assert fast.num_nodes == 6 and fast.scores[2].item() == -1.0  # (0, 3) merged into node 2, not added
     fast.validate()
     with pytest.raises(ValueError, match="root alone"):
@@ -218,13 +224,7 @@ def test_a_tree_under_the_root_from_its_prototype_equals_root_children_added(k):
         fast = roots.under_root(root, tokens, scores, ORIGIN_MODEL, device)
         added = DraftTree.from_root(root, host=True)
         added.add_root_children(tokens, scores, ORIGIN_MODEL)
-        for tree in (fast, added):
-            tree.add_rescored_children([2, 0], [6, 1], [-2.5, -1.0], ORIGIN_MODEL, tree.host_list("scores"))
-        for name in ("tokens", "parents", "depths", "scores", "origins", "kv_slot"):
-            assert torch.equal(getattr(fast, name), getattr(added, name)), name
-            if name in ("tokens", "parents", "depths"):
-                assert fast.listed(name) == added.listed(name) == getattr(added, name).tolist(), name
-        assert torch.equal(fast.ancestor_mask(), added.ancestor_mask())
+        grown_alike(fast, added, [2, 0], [6, 1])
         assert fast.num_nodes == k + 2  # (0, 1) merged into node 1, (2, 6) added
         fast.validate()
     assert roots.rows(device, 8, root_row=True).tolist() == [0] + [-1] * 7
