@@ -86,13 +86,17 @@ class Growth:
     def under_root(cls, root_token: int, lookup: StrongLookup, frontier: torch.Tensor, roots: RootTrees) -> Growth:
         """The state after layer 1 called the strong drafter on the root alone, from ``lookup`` (its top-K, made
         ahead): the root's children, best first, are the frontier (``frontier``: ``[K]`` node indices 1..K), the
-        root is expanded and its row is the drafter's row 0. Tree and side column are copies of ``roots``'
-        prototypes of that shape."""
+        root is expanded and its row is the drafter's row 0 (the caller counts the call in ``called``). Tree and side
+        column are copies of ``roots``' prototypes of that shape."""
         tree = roots.under_root(root_token, lookup.top_tokens[0], lookup.top_logp[0], ORIGIN_MODEL, HOST)
         rows = roots.rows(HOST, SIDE_CAPACITY, root_row=True)
-        g = cls(tree, frontier[: tree.num_nodes - 1], set(), rows[:1], [1], spare=rows, expanded_nodes={0})
+        g = cls(tree, frontier[: tree.num_nodes - 1], set(), rows[:1], spare=rows, expanded_nodes={0})
         g.sync()
         return g
+
+    def take(self, other: Growth) -> None:
+        """Become ``other``: every field, so a caller holding this state sees the step as ``other`` grew it."""
+        vars(self).update(vars(other))
 
     @classmethod
     def after_run(cls, run: RunResult, layers: int) -> Growth:
@@ -207,6 +211,7 @@ class LayerLoop:
         root_lookup = ahead[1] if ahead is not None and ahead[0] == committed.shape[0] and not forced else None
         if root_lookup is not None and not record and policy.wants_layer(1) and policy.call_budget >= 1:
             g = self.graft_root(committed, root_lookup)  # layer 1, decided by the layer alone
+            g.called.append(1)
             records, layer = [LayerRecord(1, True, False, None, (), 0)], 2
         else:
             g, records, layer = Growth.start(self.index.context[-1], roots=self.roots), [], 1
@@ -436,9 +441,7 @@ class LayerLoop:
         with host_only():
             in_window = self.window_nodes(g, layer) if window is None else window
         if root_lookup is not None and tree.num_nodes == 1 and in_window == [0]:
-            grafted = self.graft_root(committed, root_lookup)
-            g.tree, g.frontier, g.rows = grafted.tree, grafted.frontier, grafted.rows
-            g.spare, g.expanded_nodes = grafted.spare, grafted.expanded_nodes
+            g.take(self.graft_root(committed, root_lookup))  # the root-only state holds nothing else yet
             return 0
         with host_only():
             parents, tokens, scores = tree.listed("parents"), tree.listed("tokens"), tree.host_list("scores")
