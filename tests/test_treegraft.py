@@ -127,7 +127,7 @@ def test_combine_keeps_every_node_and_can_graft_shallower(tiny_self_pair):
     loop = method.loop
     loop.index.sync(committed)
     method.strong.start_step()
-    growth = Growth.start(int(committed[-1]), torch.device("cpu"))
+    growth = Growth.start(int(committed[-1]))
     loop.weak_layer(growth, 1)
     tree = growth.tree
     assert tree.size > 0 and bool((tree.origins[1:] == ORIGIN_NGRAM).all())
@@ -142,7 +142,7 @@ def test_combine_keeps_every_node_and_can_graft_shallower(tiny_self_pair):
     tree.validate()
     # every node was rescored by the strong drafter: scores are cumulative strong log-probs
     logp = method.strong.logp
-    local = logp[growth.rows[tree.parents[1:]], tree.tokens[1:]]
+    local = logp[torch.tensor(growth.rows)[tree.parents[1:]], tree.tokens[1:]]
     assert torch.allclose(tree.scores[1:], tree.scores[tree.parents[1:]] + local, atol=1e-5)
 
 
@@ -676,7 +676,7 @@ def test_chain_tokens_are_scored_where_the_ngram_matched(tiny_self_pair):
     method.start(Prefill(prompt, logits))
     committed = torch.cat([prompt, torch.tensor([7])])
     method.index.sync(committed)
-    growth = Growth.start(7, torch.device("cpu"))
+    growth = Growth.start(7)
     proposal = method.loop.propose_weak(growth, 1)
     # "5 6 7" matched ending at position 2: the chain 8 9 5 6 7 follows; token j came after position 2 + j
     assert proposal.preview.tokens[:, :4].tolist() == [[8, 9, 5, 6]]

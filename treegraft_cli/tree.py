@@ -675,7 +675,6 @@ class RootTrees:
 
     def __init__(self) -> None:
         self._prototypes: dict[tuple[torch.device, int], tuple[torch.Tensor, ...]] = {}
-        self._sides: dict[tuple[torch.device, int, bool], torch.Tensor] = {}
         self._under_root: dict[tuple[torch.device, int, int], tuple[torch.Tensor, ...]] = {}
 
     def tree(self, root_token: int | torch.Tensor, device: torch.device | str = "cpu", capacity: int = 0,
@@ -699,17 +698,6 @@ class RootTrees:
             shape.add_root_children(list(range(len(tokens))), [0.0] * len(tokens), origin)
             prototype = self._under_root[key] = shape.parts()
         return DraftTree.from_root_children(tuple(t.clone() for t in prototype), root_token, tokens, scores)
-
-    def rows(self, device: torch.device, capacity: int, root_row: bool = False) -> torch.Tensor:  # [capacity]
-        """A fresh buffer of the side column a layer loop keeps beside its tree: each node's strong log-prob row, -1
-        (never forwarded); with ``root_row``, the root's is row 0 (a strong call grafted under it)."""
-        key = (device, capacity, root_row)
-        prototype = self._sides.get(key)
-        if prototype is None:
-            prototype = self._sides[key] = torch.full((capacity,), -1, device=device)
-            if root_row:
-                prototype[0] = 0
-        return prototype.clone()
 
 
 def _as(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -62,8 +62,9 @@ class TreeDrafter(ModelDrafter):
         nodes: torch.Tensor,  # [m] node indices, forward order; each node's ancestors forwarded or earlier in ``nodes``
         rows: torch.Tensor | None,  # [num_nodes] log-prob row per node, -1 when none; updated in place (None: not kept)
         ancestor_mask: torch.Tensor | None,  # [num_nodes, num_nodes]; None: the tree's whole buffers (``show_tree``)
-    ) -> None:
-        """Forward the pending committed tokens and ``nodes`` in one pass; record slots and log-prob rows."""
+    ) -> range:
+        """Forward the pending committed tokens and ``nodes`` in one pass; record slots and log-prob rows. Returns the
+        log-prob row of each of ``nodes``, in order (consecutive: they are forwarded in that order)."""
         length = committed.shape[0]
         if self.committed_length == length and self.root_length == length and self.logp_rows.count == 0:
             self.logp_rows.keep(1)  # a redraft of this step: row 0 still holds its root
@@ -72,7 +73,7 @@ class TreeDrafter(ModelDrafter):
         if p + m == 0:
             if self.logp_rows.count and rows is not None:  # a redraft of this step's first call: the kept root row
                 rows[0].fill_(0)
-            return
+            return range(0)
         cache_length = self.lm.cache_length
         total = cache_length + p + m
         if m:
@@ -95,11 +96,11 @@ class TreeDrafter(ModelDrafter):
             self.logp_rows.keep(0)
             self.root_length = length
         first = self.logp_rows.append(logits) + (1 if p else 0)  # the nodes' first row
-        if rows is None:
-            return
-        rows[0].fill_(0)
-        if m:
-            rows.index_copy_(0, nodes, torch.arange(first, first + m, device=rows.device))
+        if rows is not None:
+            rows[0].fill_(0)
+            if m:
+                rows.index_copy_(0, nodes, torch.arange(first, first + m, device=rows.device))
+        return range(first, first + m)
 
     def forward_ahead(
         self,

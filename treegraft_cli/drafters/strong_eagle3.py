@@ -76,10 +76,11 @@ class Eagle3TreeDrafter(Eagle3Drafter):
         committed: torch.Tensor,  # [L] committed tokens, root last
         tree: DraftTree,
         nodes: torch.Tensor,  # [m] node indices to forward (with any ancestor lacking a row)
-        rows: torch.Tensor,  # [num_nodes] log-prob row per node, -1 when none; updated in place
+        rows: torch.Tensor | None,  # [num_nodes] log-prob row per node, -1 when none; updated in place (None: not kept)
         ancestor_mask: torch.Tensor | None,  # [num_nodes, num_nodes]; None: the tree's own
-    ) -> None:
-        """Root row (first call of a step), then ``nodes`` depth by depth; record slots, rows and log-probs."""
+    ) -> list[int]:
+        """Root row (first call of a step), then ``nodes`` depth by depth; record slots, rows and log-probs. Returns
+        the log-prob row of each of ``nodes``, in order."""
         length = committed.shape[0]
         if self.root_length != length:
             self.begin_step(committed)
@@ -91,9 +92,11 @@ class Eagle3TreeDrafter(Eagle3Drafter):
         if fresh.shape[0]:
             self.logp_rows.append(self._to_target(fresh))
         with host_only():  # the layer loop's tree and rows are host tensors
-            forwarded = tree.kv_slot >= 0
-            rows.copy_(torch.where(forwarded, self._row_index(tree, torch.arange(tree.num_nodes)), rows))
-            rows[0] = 0
+            if rows is not None:
+                forwarded = tree.kv_slot >= 0
+                rows.copy_(torch.where(forwarded, self._row_index(tree, torch.arange(tree.num_nodes)), rows))
+                rows[0] = 0
+            return self._row_index(tree, nodes).tolist()
 
     def commit(self, tree: DraftTree, path: torch.Tensor, forwarded: int | None = None) -> None:  # path: [m]
         if self.pending is None:

@@ -55,7 +55,6 @@ from .strong_run import RunPlan, RunResult, plan_run, run_strong_layers
 from .tree_ops import cut_to_budget
 
 HOST = torch.device("cpu")
-SIDE_CAPACITY = 64  # nodes the side columns' buffers hold at first
 
 
 @dataclass
@@ -65,34 +64,28 @@ class Growth:
     tree: DraftTree
     frontier: torch.Tensor  # [f] node indices
     weak_done: set[int]  # nodes the weak drafter expanded
-    rows: torch.Tensor  # [num_nodes] long: the node's strong log-prob row, -1 if never forwarded
+    rows: list[int]  # [num_nodes] the node's strong log-prob row, -1 if never forwarded (host work: a list)
     called: list[int] = field(default_factory=list)  # layers that called the strong drafter
     weak_expansions: int = 0
-    spare: torch.Tensor | None = None  # the buffer ``rows`` is a view of
     expanded_nodes: set[int] = field(default_factory=set)  # nodes the strong drafter added top-K children under
     weak_chains: bool = False  # a weak layer hung n-gram chains (scores a strong call rescores)
 
     @classmethod
-    def start(cls, root_token: int, device: torch.device = HOST, roots: RootTrees | None = None) -> Growth:
+    def start(cls, root_token: int, roots: RootTrees | None = None) -> Growth:
         """A host tree holding the root: the layer loop runs on the host (its weak drafter is host-side by
-        nature); only the strong drafter's forwards and look-ups run on the device. The side column's buffer is a
-        copy of ``roots``' (``RootTrees.rows``), so the first layer to grow the tree allocates nothing."""
-        roots = roots or RootTrees()
-        tree = roots.tree(root_token, device, host=True)
-        rows = roots.rows(device, SIDE_CAPACITY)
-        return cls(tree, torch.zeros(1, dtype=torch.long, device=device), set(), rows[:1], spare=rows)
+        nature); only the strong drafter's forwards and look-ups run on the device."""
+        tree = (roots or RootTrees()).tree(root_token, HOST, host=True)
+        return cls(tree, torch.zeros(1, dtype=torch.long), set(), [-1])
 
     @classmethod
     def under_root(cls, root_token: int, lookup: StrongLookup, frontier: torch.Tensor, roots: RootTrees) -> Growth:
         """The state after layer 1 called the strong drafter on the root alone, from ``lookup`` (its top-K, made
         ahead): the root's children, best first, are the frontier (``frontier``: ``[K]`` node indices 1..K), the
-        root is expanded and its row is the drafter's row 0 (the caller counts the call in ``called``). Tree and side
-        column are copies of ``roots``' prototypes of that shape."""
+        root is expanded and its row is the drafter's row 0 (the caller counts the call in ``called``). The tree is
+        a copy of ``roots``' prototype of that shape."""
         tree = roots.under_root(root_token, lookup.top_tokens[0], lookup.top_logp[0], ORIGIN_MODEL, HOST)
-        rows = roots.rows(HOST, SIDE_CAPACITY, root_row=True)
-        g = cls(tree, frontier[: tree.num_nodes - 1], set(), rows[:1], spare=rows, expanded_nodes={0})
-        g.sync()
-        return g
+        children = tree.num_nodes - 1
+        return cls(tree, frontier[:children], set(), [0] + [-1] * children, expanded_nodes={0})
 
     def take(self, other: Growth) -> None:
         """Become ``other``: every field, so a caller holding this state sees the step as ``other`` grew it."""
@@ -103,18 +96,12 @@ class Growth:
         """The state after a device run of strong layers 1..``layers`` (``strong_run``)."""
         with host_only():
             expanded_nodes = {i for i, flag in enumerate(run.expanded.tolist()) if flag}
-        return cls(run.tree, run.frontier, set(), run.rows, list(range(1, layers + 1)), expanded_nodes=expanded_nodes)
+            rows = run.rows.tolist()
+        return cls(run.tree, run.frontier, set(), rows, list(range(1, layers + 1)), expanded_nodes=expanded_nodes)
 
     def sync(self) -> None:
-        """Grow the side column to the tree's size: a view of a buffer that doubles when full (no copy per layer)."""
-        n = self.tree.num_nodes
-        if self.rows.shape[0] == n:
-            return
-        if self.spare is None or self.spare.shape[0] < n:
-            spare = torch.full((max(2 * n, SIDE_CAPACITY),), -1, dtype=self.rows.dtype, device=self.rows.device)
-            spare[: self.rows.shape[0]] = self.rows
-            self.spare = spare
-        self.rows = self.spare[:n]
+        """Grow the side column to the tree's size (new nodes were never forwarded)."""
+        self.rows.extend([-1] * (self.tree.num_nodes - len(self.rows)))
 
 
 @dataclass(frozen=True)
@@ -214,7 +201,7 @@ class LayerLoop:
             g.called.append(1)
             records, layer = [LayerRecord(1, True, False, None, (), 0)], 2
         else:
-            g, records, layer = Growth.start(self.index.context[-1], roots=self.roots), [], 1
+            g, records, layer = Growth.start(self.index.context[-1], self.roots), [], 1
         while layer <= self.shape.depth:
             with host_only():
                 by_layer = None if record or layer in forced else policy.wants_layer(layer)
@@ -445,10 +432,14 @@ class LayerLoop:
             return 0
         with host_only():
             parents, tokens, scores = tree.listed("parents"), tree.listed("tokens"), tree.host_list("scores")
-            nodes = needed_nodes(parents, scores, g.rows.tolist(), in_window, self.pool_at(g))
-        self.strong.forward(committed, tree, longs(nodes), g.rows, tree.ancestor_mask())
+            nodes = needed_nodes(parents, scores, g.rows, in_window, self.pool_at(g))
+        forwarded = self.strong.forward(committed, tree, longs(nodes), None, tree.ancestor_mask())
         with host_only():
-            rows = g.rows.tolist()
+            rows = g.rows
+            if self.strong.logp_rows.count:  # the root's row: forwarded with the pending tokens, or kept
+                rows[0] = 0
+            for node, row in zip(nodes, forwarded, strict=True):
+                rows[node] = row
             candidates = [i for i in in_window if rows[i] >= 0]
         found = strong_lookup(self.strong.logp_rows, parents, tokens, rows, candidates, k)
         with host_only():
