@@ -15,6 +15,8 @@ from ..syncs import host_value, read
 from ..tree import DraftTree
 from .logp_rows import log_softmax_float32
 
+_NO_NODES = torch.zeros(0, dtype=torch.long)  # [0]: no node rows this step (never written)
+
 
 def tree_visibility(
     tree: DraftTree,
@@ -34,33 +36,6 @@ def tree_visibility(
     return visible[:, :width]
 
 
-def hide_all(rows: int, end_row: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``[rows, end_row]`` additive mask hiding every cache row (see ``show_tree``)."""
-    return torch.full((rows, end_row), torch.finfo(dtype).min, dtype=dtype, device=device)
-
-
-def show_tree(
-    mask: torch.Tensor,  # [m, end_row] additive, from ``hide_all``; written in place
-    tree: DraftTree,
-    nodes: torch.Tensor,  # [m] node indices, their kv_slot already set
-    ancestor_mask: torch.Tensor | None,  # [num_nodes, num_nodes]; None: the tree's own
-    first_row: int,  # the first cache row a tree node may hold (rows before it are committed); at least 1
-) -> None:
-    """Unhide what each of ``nodes`` sees: the committed rows before ``first_row``, its ancestors' rows and its own.
-
-    The additive mask is written directly (``tree_visibility`` as floats, without a bool mask to convert).
-    Non-ancestors and nodes without a row are pointed at cache row 0, a committed row every node sees anyway:
-    no data-dependent indexing and no scratch column.
-    """
-    mask[:, :first_row] = 0
-    if ancestor_mask is None:  # the tree's whole buffers: rows past its nodes hold no ancestors and no slots
-        rows, slots = tree.ancestor_rows(nodes), tree.buffer("kv_slot")  # [m, capacity], [capacity]
-    else:
-        rows, slots = ancestor_mask.index_select(0, nodes), tree.kv_slot  # [m, num_nodes], [num_nodes]
-    columns = rows * slots.clamp(min=0)  # [m, *] the ancestors' rows, row 0 elsewhere
-    mask.scatter_(1, on_device_of(columns, mask.device), 0.0)
-
-
 class ModelDrafter:
     name = "model"  # key of its call count in the step statistics
     # its forwards need only tokens, a depth and what each sees (``forward_block``): no tree, so ``dense`` drafts
@@ -71,6 +46,7 @@ class ModelDrafter:
         self.lm = lm
         self.committed_length = 0  # committed tokens whose rows sit at the front of the cache
         self.calls = 0  # forwards this step
+        self.step_nodes = _NO_NODES  # [s] the tree nodes whose cache rows follow the committed ones, in row order
 
     @property
     def device(self) -> torch.device:
@@ -79,11 +55,13 @@ class ModelDrafter:
     def reset(self) -> None:
         self.lm.reset()
         self.committed_length = 0
+        self.step_nodes = _NO_NODES
 
     def begin_step(self, committed: torch.Tensor) -> torch.Tensor:  # committed: [L], root last
         """Forward the committed tokens the cache lacks (the root at least); return the root's logits ``[vocab]``."""
         self.calls = 0
         self.lm.crop(self.committed_length)
+        self.step_nodes = _NO_NODES
         pending = committed[self.committed_length:]
         logits = self.lm.forward(on_device_of(pending, self.device), logits_to_keep=1)
         self.calls += 1
@@ -102,12 +80,7 @@ class ModelDrafter:
         ancestors_forwarded: bool = True,  # always so here (a head's drafter also forwards missing ancestors)
     ) -> torch.Tensor:
         """Forward ``nodes`` under a tree mask; record their cache rows; return logits ``[m, vocab]``."""
-        cache_length = self.lm.cache_length
-        m = nodes.shape[0]
-        end = cache_length + m
-        tree.buffer("kv_slot").index_copy_(0, nodes, torch.arange(cache_length, end, device=tree.device))
-        mask = hide_all(m, end, self.lm.dtype, self.device)
-        show_tree(mask, tree, nodes, ancestor_mask, self.committed_length)
+        mask = self.node_mask(tree, nodes, ancestor_mask, self.committed_length, self.lm.cache_length)
         positions = on_device_of(tree.buffer("depths").index_select(0, nodes) + (self.committed_length - 1), self.device)
         tokens = on_device_of(tree.buffer("tokens").index_select(0, nodes), self.device)
         logits = self.lm.forward(tokens, positions, mask=mask)
@@ -125,8 +98,7 @@ class ModelDrafter:
         ``lineage`` covers every row after the committed ones, the nodes' own new rows last: the caller knows
         which rows hold what (a fixed layout), so no tree is read.
         """
-        visible, hidden = self.lm.mask_values()
-        mask = torch.nn.functional.pad(torch.where(lineage, visible, hidden), (self.committed_length, 0))  # [1, 1, m, ·]
+        mask = self.lineage_mask(lineage, self.committed_length)
         if isinstance(depth, int):
             positions = torch.full((tokens.shape[0],), self.committed_length - 1 + depth, device=self.device)
         else:
@@ -134,6 +106,34 @@ class ModelDrafter:
         logits = self.lm.forward(tokens, positions, mask=mask)
         self.calls += 1
         return logits
+
+    def node_mask(
+        self,
+        tree: DraftTree,
+        nodes: torch.Tensor,  # [m] node indices, their cache rows to be written from ``start`` on
+        ancestor_mask: torch.Tensor | None,  # [num_nodes, num_nodes]; None: the tree's whole buffers
+        first_row: int,  # the committed rows: every node sees them
+        start: int,  # the nodes' first cache row
+    ) -> torch.Tensor:  # [1, 1, m, start + m] additive
+        """Record the nodes' cache rows (``kv_slot``) after this step's earlier node rows (``step_nodes``) and mask
+        them: each sees the committed rows and, of this step's node rows, its ancestors' and its own (the nodes'
+        ancestor rows at those nodes' columns)."""
+        m = nodes.shape[0]
+        if start != first_row + self.step_nodes.shape[0]:
+            raise RuntimeError(f"the drafter's cache holds {start} rows, not the {first_row} committed and "
+                               f"{self.step_nodes.shape[0]} node rows of this step: crop it before a step's first call")
+        tree.buffer("kv_slot").index_copy_(0, nodes, torch.arange(start, start + m, device=tree.device))
+        seen = self.step_nodes = nodes if not self.step_nodes.shape[0] else torch.cat([self.step_nodes, nodes])
+        rows = tree.ancestor_rows(nodes) if ancestor_mask is None else ancestor_mask.index_select(0, nodes)
+        return self.lineage_mask(on_device_of(rows.index_select(1, seen), self.device), first_row)
+
+    def lineage_mask(
+        self, lineage: torch.Tensor, first_row: int  # [m, s] bool: which of this step's s node rows each node sees
+    ) -> torch.Tensor:  # [1, 1, m, first_row + s] additive
+        """The model's mask of ``m`` node rows: every committed row (before ``first_row``) and the step's rows in
+        ``lineage``, picked from two constants and padded in front (no reshaping call)."""
+        visible, hidden = self.lm.mask_values()
+        return torch.nn.functional.pad(torch.where(lineage, visible, hidden), (first_row, 0))
 
     def commit(self, tree: DraftTree, path: torch.Tensor, forwarded: int | None = None) -> None:  # path: [m]
         """Keep the rows of the accepted ``path`` (node indices, root excluded) that the drafter forwarded: its
@@ -144,3 +144,4 @@ class ModelDrafter:
             forwarded = int(host_value(prefix) if tree.host else read(prefix))
         self.lm.commit(on_device_of(slots[:forwarded], self.device), self.committed_length)
         self.committed_length += forwarded
+        self.step_nodes = _NO_NODES

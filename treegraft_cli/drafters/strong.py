@@ -18,7 +18,7 @@ import torch
 from ..lm import on_device_of
 from ..tree import DraftTree
 from .logp_rows import LogProbRows
-from .model import ModelDrafter, hide_all, show_tree
+from .model import ModelDrafter
 
 
 class TreeDrafter(ModelDrafter):
@@ -48,12 +48,14 @@ class TreeDrafter(ModelDrafter):
             self.committed_length, self.root_length = length, -1
             self.lm.crop(length)
             self.logp_rows.keep(0)
+            self.step_nodes = self.no_nodes
 
     def start_step(self) -> None:
         """Drop the rows of an earlier draft of this step; nothing is forwarded until a call needs it."""
         self.calls = 0
         self.lm.crop(self.committed_length)
         self.logp_rows.keep(0)
+        self.step_nodes = self.no_nodes
 
     def forward(
         self,
@@ -77,7 +79,9 @@ class TreeDrafter(ModelDrafter):
         cache_length = self.lm.cache_length
         total = cache_length + p + m
         if m:
-            mask = self._node_mask(tree, nodes, ancestor_mask, length, p, total)
+            mask = self.node_mask(tree, nodes, ancestor_mask, length, self.lm.cache_length + p)
+            if p:  # the pending rows first
+                mask = torch.cat([self._pending_mask(p, total)[None, None], mask], dim=2)
             tokens = on_device_of(tree.buffer("tokens").index_select(0, nodes), self.device)
             positions = on_device_of(tree.buffer("depths").index_select(0, nodes) + (length - 1), self.device)
             if p:
@@ -118,6 +122,7 @@ class TreeDrafter(ModelDrafter):
         forward the few the drafter lacks (its node rows of the accepted path are forwarded again), and saves that
         call's read: the host reads this one with the verdict."""
         self.lm.crop(self.committed_length)
+        self.step_nodes = self.no_nodes
         known = committed.shape[0] - self.committed_length  # committed tokens not forwarded yet (none after a look-ahead)
         tokens = on_device_of(block, self.device)
         root = on_device_of(accepted, self.device)  # [1] the root's row in the forward
@@ -154,26 +159,4 @@ class TreeDrafter(ModelDrafter):
         mask.triu_(cache_length + 1)  # pending row i sits at cache row cache_length + i and sees every row up to it
         if self.committed_length < cache_length:
             mask[:, self.committed_length : cache_length] = torch.finfo(self.lm.dtype).min
-        return mask
-
-    def _node_mask(
-        self,
-        tree: DraftTree,
-        nodes: torch.Tensor,  # [m] node indices, their cache rows to be written at cache_length + p ..
-        ancestor_mask: torch.Tensor | None,  # [num_nodes, num_nodes]; None: the tree's whole buffers
-        length: int,  # committed tokens, pending ones included
-        p: int,  # pending committed tokens forwarded first
-        total: int,  # cache rows after the forward
-    ) -> torch.Tensor:  # [p + m, total] additive
-        """Record the nodes' cache rows; the mask of the pending rows (``_pending_mask``) and the nodes' rows, which
-        see every committed row, pending ones included, and their own ancestors'."""
-        m = nodes.shape[0]
-        start = self.lm.cache_length + p
-        tree.buffer("kv_slot").index_copy_(0, nodes, torch.arange(start, start + m, device=tree.device))
-        if not p:
-            mask = hide_all(m, total, self.lm.dtype, self.device)
-            show_tree(mask, tree, nodes, ancestor_mask, length)
-            return mask
-        mask = torch.cat([self._pending_mask(p, total), hide_all(m, total, self.lm.dtype, self.device)])
-        show_tree(mask[p:], tree, nodes, ancestor_mask, length)
         return mask
