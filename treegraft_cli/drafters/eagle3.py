@@ -28,7 +28,25 @@ from ..models.eagle3 import aux_hidden_indices
 from ..models.eagle3_head import Eagle3Head
 from ..syncs import uncounted
 from ..tree import DraftTree
-from .model import ModelDrafter, tree_visibility
+from .model import ModelDrafter
+
+
+def _tree_visibility(
+    tree: DraftTree,
+    nodes: torch.Tensor,  # [m] node indices, their kv_slot already set
+    ancestor_mask: torch.Tensor,  # [num_nodes, num_nodes]
+    first_row: int,  # the first cache row a tree node may hold (rows before it are committed)
+    end_row: int,  # cache rows after the forward (the nodes' own rows included)
+) -> torch.Tensor:  # [m, end_row - first_row] bool, on the tree's device
+    """Which of the rows ``first_row..end_row`` each of ``nodes`` sees: its ancestors' and its own.
+
+    Nodes without a row point at one extra scratch column, dropped at the end: no data-dependent indexing.
+    """
+    m, width = nodes.shape[0], end_row - first_row
+    visible = torch.zeros(m, width + 1, dtype=torch.bool, device=ancestor_mask.device)
+    slots = torch.where(tree.kv_slot >= 0, tree.kv_slot - first_row, width)  # [num_nodes]
+    visible.scatter_(1, slots[None, :].expand(m, -1), ancestor_mask[nodes])
+    return visible[:, :width]
 
 
 class Eagle3Drafter(ModelDrafter):
@@ -141,7 +159,7 @@ class Eagle3Drafter(ModelDrafter):
         m = level.shape[0]
         tree.kv_slot[level] = torch.arange(cache_length, cache_length + m, device=tree.device)
         visible = torch.ones(m, cache_length + m, dtype=torch.bool, device=self.device)
-        visible[:, self.committed_length :] = tree_visibility(
+        visible[:, self.committed_length :] = _tree_visibility(
             tree, level, ancestor_mask, self.committed_length, cache_length + m
         ).to(self.device)
         features = self.row_features[self._row_index(tree, tree.parents[level]).to(self.device)]

@@ -18,24 +18,6 @@ from .logp_rows import log_softmax_float32
 _NO_NODES = torch.zeros(0, dtype=torch.long)  # [0]: no node rows this step (never written)
 
 
-def tree_visibility(
-    tree: DraftTree,
-    nodes: torch.Tensor,  # [m] node indices, their kv_slot already set
-    ancestor_mask: torch.Tensor,  # [num_nodes, num_nodes]
-    first_row: int,  # the first cache row a tree node may hold (rows before it are committed)
-    end_row: int,  # cache rows after the forward (the nodes' own rows included)
-) -> torch.Tensor:  # [m, end_row - first_row] bool, on the tree's device
-    """Which of the rows ``first_row..end_row`` each of ``nodes`` sees: its ancestors' and its own.
-
-    Nodes without a row point at one extra scratch column, dropped at the end: no data-dependent indexing.
-    """
-    m, width = nodes.shape[0], end_row - first_row
-    visible = torch.zeros(m, width + 1, dtype=torch.bool, device=ancestor_mask.device)
-    slots = torch.where(tree.kv_slot >= 0, tree.kv_slot - first_row, width)  # [num_nodes]
-    visible.scatter_(1, slots[None, :].expand(m, -1), ancestor_mask[nodes])
-    return visible[:, :width]
-
-
 class ModelDrafter:
     name = "model"  # key of its call count in the step statistics
     # its forwards need only tokens, a depth and what each sees (``forward_block``): no tree, so ``dense`` drafts
