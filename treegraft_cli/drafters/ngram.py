@@ -18,6 +18,7 @@ next verification) has no row yet; no continuation can start after it anyway.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -167,7 +168,7 @@ class NgramIndex:
         last = len(self.context) - 1
         for n in range(min(max_n, self.max_n, len(suffix)), min_n - 1, -1):
             ends = self.table[n].get(tuple(suffix[-n:]), ())
-            for end in list(reversed(ends))[:scan_limit]:
+            for end in itertools.islice(reversed(ends), scan_limit):  # most recent first, no copy of them all
                 if end >= last or self.context[end + 1] in first_tokens:
                     continue
                 first_tokens.add(self.context[end + 1])
