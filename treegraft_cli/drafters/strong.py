@@ -63,7 +63,7 @@ class TreeDrafter(ModelDrafter):
         tree: DraftTree | None,  # None when there are no nodes
         nodes: torch.Tensor,  # [m] node indices, forward order; each node's ancestors forwarded or earlier in ``nodes``
         rows: torch.Tensor | None,  # [num_nodes] log-prob row per node, -1 when none; updated in place (None: not kept)
-        ancestor_mask: torch.Tensor | None,  # [num_nodes, num_nodes]; None: the tree's whole buffers (``show_tree``)
+        ancestor_mask: torch.Tensor | None,  # [num_nodes, num_nodes]; None: the tree's whole buffers (``node_mask``)
     ) -> range:
         """Forward the pending committed tokens and ``nodes`` in one pass; record slots and log-prob rows. Returns the
         log-prob row of each of ``nodes``, in order (consecutive: they are forwarded in that order)."""
