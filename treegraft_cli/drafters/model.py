@@ -39,11 +39,15 @@ class ModelDrafter:
         self.committed_length = 0
         self.step_nodes = _NO_NODES
 
+    def crop_to_committed(self) -> None:
+        """Drop the cache rows past the committed ones: this step's node rows (``step_nodes``) go with them."""
+        self.lm.crop(self.committed_length)
+        self.step_nodes = _NO_NODES
+
     def begin_step(self, committed: torch.Tensor) -> torch.Tensor:  # committed: [L], root last
         """Forward the committed tokens the cache lacks (the root at least); return the root's logits ``[vocab]``."""
         self.calls = 0
-        self.lm.crop(self.committed_length)
-        self.step_nodes = _NO_NODES
+        self.crop_to_committed()
         pending = committed[self.committed_length:]
         logits = self.lm.forward(on_device_of(pending, self.device), logits_to_keep=1)
         self.calls += 1

@@ -46,16 +46,14 @@ class TreeDrafter(ModelDrafter):
         the real policy may not, and their catch-up must not be the real policy's."""
         if length < self.committed_length:
             self.committed_length, self.root_length = length, -1
-            self.lm.crop(length)
+            self.crop_to_committed()
             self.logp_rows.keep(0)
-            self.step_nodes = self.no_nodes
 
     def start_step(self) -> None:
         """Drop the rows of an earlier draft of this step; nothing is forwarded until a call needs it."""
         self.calls = 0
-        self.lm.crop(self.committed_length)
+        self.crop_to_committed()
         self.logp_rows.keep(0)
-        self.step_nodes = self.no_nodes
 
     def forward(
         self,
@@ -79,7 +77,7 @@ class TreeDrafter(ModelDrafter):
         cache_length = self.lm.cache_length
         total = cache_length + p + m
         if m:
-            mask = self.node_mask(tree, nodes, ancestor_mask, length, self.lm.cache_length + p)
+            mask = self.node_mask(tree, nodes, ancestor_mask, length, cache_length + p)
             if p:  # the pending rows first
                 mask = torch.cat([self._pending_mask(p, total)[None, None], mask], dim=2)
             tokens = on_device_of(tree.buffer("tokens").index_select(0, nodes), self.device)
@@ -121,8 +119,7 @@ class TreeDrafter(ModelDrafter):
         once the host has read the verdict. Costs a forward of ``b`` rows where the next step's first call would
         forward the few the drafter lacks (its node rows of the accepted path are forwarded again), and saves that
         call's read: the host reads this one with the verdict."""
-        self.lm.crop(self.committed_length)
-        self.step_nodes = self.no_nodes
+        self.crop_to_committed()
         known = committed.shape[0] - self.committed_length  # committed tokens not forwarded yet (none after a look-ahead)
         tokens = on_device_of(block, self.device)
         root = on_device_of(accepted, self.device)  # [1] the root's row in the forward
@@ -141,7 +138,7 @@ class TreeDrafter(ModelDrafter):
         """Keep ``forward_ahead``'s rows of the committed tokens (the known pending ones, ``num_accepted`` nodes' and the
         bonus's); the bonus is the next root, whose row 0 the next step keeps (a redraft's)."""
         self.committed_length += self.ahead + num_accepted + 1
-        self.lm.crop(self.committed_length)
+        self.crop_to_committed()
         self.root_length = self.committed_length
         self.ahead = None
 
