@@ -44,11 +44,12 @@ def test_policies_plan_the_layers_they_call_from_the_first_on():
     assert FixedLayers(5, (2, 3)).planned_calls(4) == 0
 
 
-def drafted(pair, method: str, prompt: torch.Tensor, **options) -> tuple[list[dict], list[int], list[int], int]:
+def drafted(pair, method: str, prompt: torch.Tensor, tree: TreeConfig = TREE,
+            **options) -> tuple[list[dict], list[int], list[int], int]:
     """Every tree the method drafted (its columns and ancestor mask), the output, each step's reads, and the strong
     drafter's forwards."""
     drafter, target = pair
-    config = DecodeConfig(method=method, tree=TREE, max_new_tokens=NEW_TOKENS, method_options=options)
+    config = DecodeConfig(method=method, tree=tree, max_new_tokens=NEW_TOKENS, method_options=options)
     decoder = SpeculativeDecoder(CausalLM(target.model), config, drafter=CausalLM(drafter.model))
     trees = []
     draft = decoder.method.draft
@@ -85,6 +86,23 @@ def test_the_device_run_drafts_the_host_loops_trees_with_one_read(request, metho
         assert set(on_host[2]) == {5} and set(on_device[2]) == {1}
     elif method != "fixed:1,3":
         assert max(on_device[2]) == 2 and max(on_host[2]) >= 3
+
+
+def test_children_of_an_open_node_a_later_layer_forwards_hang_one_level_below_it(tiny_self_pair):
+    """A layer may forward a node an earlier layer left open, shallower than the layer before forwarded: its children
+    sit one level below it, not at the depth of the layer's block in the dense layout (the target verifies each node
+    at its depth's position). On the tiny pair every layer's open nodes of an earlier layer outrank the children of
+    the last, and a budget of the whole pool (4 + 3 · 16 nodes) keeps the children they get."""
+    whole_pool = TreeConfig(budget=52, depth=4, top_k=4)
+    prompt = torch.cat([random_prompt(5, length=12)] * 2)
+    on_host = drafted(tiny_self_pair, "all-mid", prompt, whole_pool, device_layers=False)
+    on_device = drafted(tiny_self_pair, "all-mid", prompt, whole_pool)
+    # the case arises: depth-3 nodes under more than the K depth-2 nodes layer 3 forwarded
+    assert all(len({p for p, d in zip(t["parents"], t["depths"], strict=True) if d == 3}) > 4 for t in on_host[0])
+    assert len(on_device[0]) == len(on_host[0]) > 3
+    for step, (device_tree, host_tree) in enumerate(zip(on_device[0], on_host[0], strict=True)):
+        assert device_tree == host_tree, f"step {step}"
+    assert on_device[1] == on_host[1] == reference_greedy(tiny_self_pair[1], prompt, NEW_TOKENS)
 
 
 @pytest.mark.parametrize("method", ["fixed:1,3", "fixed:1"])

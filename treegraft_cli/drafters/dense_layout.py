@@ -62,7 +62,9 @@ class DenseLayout:
         # call), and the scores: each layer's top-k writes its children's tokens and scores straight into its block
         self.pool = torch.stack([torch.zeros(size, dtype=torch.long, device=device),
                                  torch.zeros(size, dtype=torch.long, device=device), self.depths])  # [3, 1 + P]
-        self.pool_tokens, self.pool_parents = self.pool[0], self.pool[1]  # views; the root's children's parent: 0
+        # views; the root's children's parent: 0. The depths are the layout's (``depths``) unless a layer writes its
+        # block's (``OpenLayout``)
+        self.pool_tokens, self.pool_parents, self.pool_depths = self.pool.unbind()
         self.pool_parents[0].fill_(-1)
         self.fresh_scores = torch.full((size,), float("-inf"), device=device)  # [1 + P] a step's start: the root's 0
         self.fresh_scores[0].fill_(0.0)
@@ -73,6 +75,7 @@ class DenseLayout:
         self.token_blocks = [self.pool_tokens[first : first + rows * k] for first, rows in blocks]
         self.score_blocks = [self.pool_scores[first : first + rows * k] for first, rows in blocks]
         self.parent_blocks = [self.pool_parents[first : first + rows * k] for first, rows in blocks]
+        self.depth_blocks = [self.pool_depths[first : first + rows * k] for first, rows in blocks]
         self.token_grids = [block.view(rows, k) for block, (_, rows) in zip(self.token_blocks, blocks, strict=True)]
         self.score_grids = [block.view(rows, k) for block, (_, rows) in zip(self.score_blocks, blocks, strict=True)]
 
@@ -162,9 +165,10 @@ class OpenLayout(DenseLayout):
 
     Layer 1 is EAGLE-2's. Every later layer forwards the K best *open* nodes of the pool (not forwarded yet, depth
     at least the run's layer minus ``lookback``) wherever they hang, not only the last layer's children, and hangs
-    each one's top-K children under it. The pool's blocks, depths and drafter cache rows are the dense layout's;
-    which node a layer forwards, and so each child's parent, depends on the logits. A forwarded node's parent may
-    come from any earlier layer, so lineage (the step's cache rows a node sees) is kept per pool node.
+    each one's top-K children under it. The pool's blocks and drafter cache rows are the dense layout's; which node
+    a layer forwards, and so each child's parent and depth, depends on the logits. A layer may forward a node an
+    earlier layer left open, shallower than the last layer's children, so each layer writes its children's depths
+    (their parents' plus one), and lineage (the step's cache rows a node sees) is kept per pool node.
 
     It drafts ``run_strong_layers``'s tree node for node and bit for bit (tests/test_strong_run.py): the root's
     row from ``TreeDrafter.forward``'s pending-token forward, each layer's positions ranked by one stable sort
@@ -226,6 +230,7 @@ class OpenLayout(DenseLayout):
             torch.topk(log_softmax_float32(logits), k, dim=-1, out=(self.child_logp, self.token_grids[layer]))  # [K, K]
             torch.add(self.child_logp, forwarded_scores, out=self.score_grids[layer])  # cumulative, parent by parent
             torch.index_select(forwarded, 0, self.child_spread, out=self.parent_blocks[layer])
+            torch.index_select(forwarded_depths, 0, self.child_spread, out=self.depth_blocks[layer]).add_(1)
             if not last:
                 self.closed.index_fill_(0, forwarded, True)
             drafted.frontiers.append(forwarded)
@@ -239,7 +244,7 @@ class OpenLayout(DenseLayout):
         window = torch.where(self.closed, float("-inf"), self.pool_scores)
         lowest = run_layer - self.lookback
         if lowest > 0:
-            window = torch.where(self.depths >= lowest, window, float("-inf"))
+            window = torch.where(self.pool_depths >= lowest, window, float("-inf"))
         forwarded_layer = run_layer - 2  # the run's layer 2 is the first to forward pool nodes
         torch.sort(window, descending=True, stable=True, out=self.ranked[forwarded_layer])
         return self.best_nodes[forwarded_layer], self.best_scores[forwarded_layer]
@@ -287,7 +292,7 @@ class DenseDraft:
         slots = _prefix(layout.no_rows, n)  # the stack below copies it
         if forwarded is not None:  # out of place: the layout's column stays
             slots = slots.index_copy(0, forwarded, _prefix(layout.forward_rows, forwarded.shape[0]) + self.first_row)
-        depths = _prefix(layout.depths, n)
+        depths = _prefix(layout.pool_depths, n)
         columns = torch.stack([tokens, parents, depths, slots])  # [4, 1 + P], DraftTree's int64 block
         if self.size <= budget:
             origins = _prefix(layout.origins, n)  # a tree with room gets a padded copy; one without takes it as it is
