@@ -88,15 +88,16 @@ def test_the_device_run_drafts_the_host_loops_trees_with_one_read(request, metho
         assert max(on_device[2]) == 2 and max(on_host[2]) >= 3
 
 
-def test_children_of_an_open_node_a_later_layer_forwards_hang_one_level_below_it(tiny_self_pair):
+@pytest.mark.parametrize("depth", [4, 6])  # 6: later layers forward such children, at their positions
+def test_children_of_an_open_node_a_later_layer_forwards_hang_one_level_below_it(tiny_self_pair, depth):
     """A layer may forward a node an earlier layer left open, shallower than the layer before forwarded: its children
     sit one level below it, not at the depth of the layer's block in the dense layout (the target verifies each node
     at its depth's position). On the tiny pair every layer's open nodes of an earlier layer outrank the children of
-    the last, and a budget of the whole pool (4 + 3 · 16 nodes) keeps the children they get."""
-    whole_pool = TreeConfig(budget=52, depth=4, top_k=4)
+    the last, and a budget of the whole pool (4 + 16 per later layer) keeps the children they get."""
+    whole_pool = TreeConfig(budget=4 + 16 * (depth - 1), depth=depth, top_k=4)
     prompt = torch.cat([random_prompt(5, length=12)] * 2)
-    on_host = drafted(tiny_self_pair, "all-mid", prompt, whole_pool, device_layers=False)
-    on_device = drafted(tiny_self_pair, "all-mid", prompt, whole_pool)
+    on_host = drafted(tiny_self_pair, "all-mid", prompt, whole_pool, device_layers=False, call_budget=depth)
+    on_device = drafted(tiny_self_pair, "all-mid", prompt, whole_pool, call_budget=depth)
     # the case arises: depth-3 nodes under more than the K depth-2 nodes layer 3 forwarded
     assert all(len({p for p, d in zip(t["parents"], t["depths"], strict=True) if d == 3}) > 4 for t in on_host[0])
     assert len(on_device[0]) == len(on_host[0]) > 3
