@@ -77,7 +77,7 @@ class Eagle3Drafter(ModelDrafter):
     def begin_step(self, committed: torch.Tensor) -> torch.Tensor:  # committed: [L], root last
         """Forward the committed tokens without a row, with the target's states; return the root's logits ``[vocab]``."""
         self.calls = 0
-        self.lm.crop(self.committed_length)
+        self.crop_to_committed()
         states = self._take_pending(committed)
         start = self.committed_length
         tokens = committed[start + 1 :].to(self.device)  # [n] token t + 1 pairs with the state at t
@@ -140,7 +140,7 @@ class Eagle3Drafter(ModelDrafter):
             raise RuntimeError("EAGLE-3 drafter: the target's last forward was not this tree's verification")
         accepted = torch.cat([torch.zeros(1, dtype=torch.long, device=path.device), path]).to(states.device)
         self.pending = torch.cat([self.pending, states[accepted]])
-        self.lm.crop(self.committed_length)
+        self.crop_to_committed()
 
     def _take_pending(self, committed: torch.Tensor) -> torch.Tensor:  # -> [n, 3 * target_hidden]
         states = self.target.last_hidden if self.pending is None else self.pending

@@ -66,7 +66,7 @@ class Eagle3TreeDrafter(Eagle3Drafter):
     def start_step(self) -> None:
         """Drop the node rows of an earlier draft of this step; keep its root row. Nothing is forwarded yet."""
         self.calls = 0
-        self.lm.crop(self.committed_length)
+        self.crop_to_committed()
         self.row_logits, self.row_features = self.row_logits[:1], self.row_features[:1]
         self.logp_rows.keep(min(1, self.logp_rows.count))
 
