@@ -146,6 +146,22 @@ def test_combine_keeps_every_node_and_can_graft_shallower(tiny_self_pair):
     assert torch.allclose(tree.scores[1:], tree.scores[tree.parents[1:]] + local, atol=1e-5)
 
 
+def test_strong_calls_without_chains_hold_the_scores_rescoring_would_give(tiny_self_pair):
+    """A strong call on a tree of the strong drafter's own children gathers no local log-probs and rescores nothing:
+    every node's score must already be its parent's plus its log-prob in the parent's row, bit for bit."""
+    method, committed = started_method(tiny_self_pair, "all-mid", random_prompt(3))
+    loop = method.loop
+    loop.index.sync(committed)
+    method.strong.start_step()
+    growth = Growth.start(int(committed[-1]))
+    for layer in (1, 2, 3):
+        loop.strong_layer(growth, layer, committed)
+    tree = growth.tree
+    assert not growth.weak_chains and tree.size == 4 + 16 + 16
+    local = method.strong.logp[torch.tensor(growth.rows)[tree.parents[1:]], tree.tokens[1:]]
+    assert torch.equal(tree.scores[1:], tree.scores[tree.parents[1:]] + local)
+
+
 def test_forced_actions_drive_the_loop(tiny_self_pair):
     method, committed = started_method(tiny_self_pair, "all-small", repetitive_prompt(2))
     _, records = method.build(committed, forced={2: True, 3: True}, record=True)

@@ -441,9 +441,11 @@ class LayerLoop:
             for node, row in zip(nodes, forwarded, strict=True):
                 rows[node] = row
             candidates = [i for i in in_window if rows[i] >= 0]
-        found = strong_lookup(self.strong.logp_rows, parents, tokens, rows, candidates, k)
+        # without n-gram chains rescoring would give every node the score it holds (``pool_at``)
+        found = strong_lookup(self.strong.logp_rows, parents, tokens, rows, candidates, k, rescore=g.weak_chains)
         with host_only():
-            scores = rescored(scores, parents, found.local)
+            if g.weak_chains:
+                scores = rescored(scores, parents, found.local)
             positions = reselect(scores, candidates, k)
             child_parents, child_tokens, child_scores = [], [], []
             for position in positions:

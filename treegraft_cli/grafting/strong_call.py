@@ -34,13 +34,20 @@ def strong_lookup(
     rows: list[int],  # [num_nodes] each node's row in ``logp_rows``, -1 if none
     candidates: list[int],  # [c] nodes a reselection may pick (each has a row)
     k: int,
+    rescore: bool = True,
 ) -> StrongLookup:
     """Gather every node's local strong log-prob and every candidate's top-``k`` children on the device; one read.
 
     The reselection itself needs the rescored scores, a sequential sum down each path: the host does it
     (``rescored``, ``reselect``) on what this returns, so the device pass needs no loop over depths.
+    ``rescore`` False: every node is the strong drafter's own child, scored with the log-prob rescoring would sum
+    again (a tree without n-gram chains, ``LayerLoop.pool_at``), so no local log-prob is gathered (``local`` empty).
     """
     logp = logp_rows.view  # [rows, vocab]
+    if not rescore:
+        top_logp, top_tokens = fetch(*logp_rows.top(on_device_of(longs([rows[c] for c in candidates]), logp.device), k))
+        with host_only():
+            return StrongLookup([], top_logp.tolist(), top_tokens.tolist())
     device, m = logp.device, len(parents) - 1
     vocab = logp.shape[1]
     # each node's (row, token) entry as a flat index, then the candidates' rows: one host tensor, one copy
