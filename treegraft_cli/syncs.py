@@ -188,29 +188,41 @@ def audited_count() -> int | None:
 
 
 class _AuditorScope:
-    """``uncounted()`` and ``host_only()``: one counter of the running auditor raised for the block, if one runs. A
-    plain class, not a generator-based context manager: the hot path enters a few dozen of them per step."""
+    """``uncounted()`` and ``host_only()`` while an auditor runs: one of its counters raised for the block. A plain
+    class, not a generator-based context manager: the hot path enters a few dozen of them per step."""
 
     __slots__ = ("_field", "_auditor")
 
-    def __init__(self, field: str):
+    def __init__(self, field: str, auditor: SyncAuditor):
         self._field = field
-        self._auditor: SyncAuditor | None = None
+        self._auditor = auditor
 
     def __enter__(self) -> None:
-        auditor = self._auditor = _RUNNING.get()
-        if auditor is not None:
-            setattr(auditor, self._field, getattr(auditor, self._field) + 1)
+        setattr(self._auditor, self._field, getattr(self._auditor, self._field) + 1)
 
     def __exit__(self, *exc) -> None:
-        auditor = self._auditor
-        if auditor is not None:
-            setattr(auditor, self._field, getattr(auditor, self._field) - 1)
+        setattr(self._auditor, self._field, getattr(self._auditor, self._field) - 1)
 
 
-def uncounted() -> _AuditorScope:
+class _NoScope:
+    """``uncounted()`` and ``host_only()`` without an auditor (every timed run): nothing to count."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+_NO_SCOPE = _NoScope()
+
+
+def uncounted() -> _AuditorScope | _NoScope:
     """A model forward (its own synchronisations are the model's, not the decoding step's) or a counted ``read``."""
-    return _AuditorScope("_paused")
+    auditor = _RUNNING.get()
+    return _NO_SCOPE if auditor is None else _AuditorScope("_paused", auditor)
 
 
 @contextmanager
@@ -257,9 +269,10 @@ def sync_site() -> str:
 _NOT_A_SITE = (f"{os.sep}torch{os.sep}", f"{os.sep}warnings.py", __file__, "<frozen ")
 
 
-def host_only() -> _AuditorScope:
+def host_only() -> _AuditorScope | _NoScope:
     """Host-side code on host tensors (``fetch`` copies, host trees and tables): its reads wait for no device."""
-    return _AuditorScope("_host")
+    auditor = _RUNNING.get()
+    return _NO_SCOPE if auditor is None else _AuditorScope("_host", auditor)
 
 
 def host_value(tensor: torch.Tensor) -> Any:

@@ -7,6 +7,7 @@ Python runs on the hot path.
 
 from __future__ import annotations
 
+import array
 import struct
 
 import torch
@@ -186,12 +187,11 @@ class DraftTree:
     def listed(self, name: str) -> list[int]:
         """A host tree's ``tokens``, ``parents`` or ``depths`` as a Python list, kept until nodes are written
         (those columns change only then): the layer loop reads them at every layer."""
-        if name not in _STRUCTURE or not self.host:
-            raise ValueError(f"only a host tree's {', '.join(_STRUCTURE)} are kept as lists, not {name!r}")
-        key = ("list", name)
-        value = self._views.get(key)
+        value = self._views.get(("list", name))
         if value is None:
-            value = self._views[key] = self.host_list(name)
+            if name not in _STRUCTURE or not self.host:
+                raise ValueError(f"only a host tree's {', '.join(_STRUCTURE)} are kept as lists, not {name!r}")
+            value = self._views[("list", name)] = self.host_list(name)
         return value
 
     def host_list(self, name: str) -> list:
@@ -437,10 +437,15 @@ class DraftTree:
         """
         with host_only():
             index = self._indexed_keys()
-            n, final = self._n, list(node_scores)
+            n, keys = self._n, list(zip(parents, tokens, strict=True))
+            if index.keys().isdisjoint(keys) and len(set(keys)) == len(keys):  # all new (a tree without chains)
+                nodes = list(range(n, n + len(keys)))
+                index.update(zip(keys, nodes, strict=True))
+                return nodes, self._append_scored(n, parents, tokens, origin, [*node_scores, *scores])
+            final = list(node_scores)
             new_parents, new_tokens, nodes = [], [], []
             best: dict[int, float] = {}  # touched node → the best score offered to it
-            for key, score in zip(zip(parents, tokens, strict=True), scores, strict=True):
+            for key, score in zip(keys, scores, strict=True):
                 node = index.get(key)
                 if node is None:  # a new node, numbered in request order
                     node = index[key] = n + len(new_parents)
@@ -451,12 +456,17 @@ class DraftTree:
                 best[node] = max(best.get(node, float("-inf")), score)
             for node, score in best.items():
                 final[node] = score
-            if new_parents:
-                self._reserve(len(new_parents))
-                self._write_lists(n, new_parents, new_tokens, origin)
-                self._indexed = self._n  # the index holds the new keys already
-            self._buffers["scores"][: self._n] = floats(final)  # every node's settled score in one write
-            return nodes, final
+            return nodes, self._append_scored(n, new_parents, new_tokens, origin, final)
+
+    def _append_scored(self, n: int, parents: list[int], tokens: list[int], origin: int, scores: list[float]) -> list[float]:
+        """Write new nodes (``parents`` and ``tokens``, already in the key index) at ``n`` and every node's ``scores``
+        (one column write); returns ``scores``."""
+        if parents:
+            self._reserve(len(parents))
+            self._write_lists(n, parents, tokens, origin)
+            self._indexed = self._n  # the index holds the new keys already
+        self._buffers["scores"][: self._n] = floats(scores)  # every node's settled score in one write
+        return scores
 
     def add_root_children(self, tokens: list[int], scores: list[float], origin: int) -> None:
         """Children of the root on a host tree holding the root alone: ``tokens`` distinct (a top-K), ``scores`` their
@@ -708,6 +718,11 @@ def _as(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def float32(value: float) -> float:
     """``value`` rounded to the nearest float32 (what a float32 tensor would hold)."""
     return struct.unpack("f", struct.pack("f", value))[0]
+
+
+def float32_list(values: list[float]) -> list[float]:
+    """``float32`` of each of ``values``, converted in one call."""
+    return array.array("f", values).tolist()
 
 
 def _keys(parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -48,7 +48,7 @@ from ..lm import on_device_of
 from ..scheduling.options import TreeGraftConfig
 from ..scheduling.policies import CallPolicy, CostModel, SchedulerState, WeakPreview, features, preview_features
 from ..syncs import fetch, host_only
-from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree, RootTrees, float32
+from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree, RootTrees, float32_list
 from ..verify import StepVerdict
 from .strong_call import StrongLookup, best_nodes, needed_nodes, rescored, reselect, strong_lookup
 from .strong_run import RunPlan, RunResult, plan_run, run_strong_layers
@@ -452,8 +452,9 @@ class LayerLoop:
                 c = candidates.index(position)
                 child_parents += [position] * k
                 child_tokens += found.top_tokens[c]
-                child_scores += [float32(scores[position] + logp) for logp in found.top_logp[c]]
-            children, scores = tree.add_rescored_children(child_parents, child_tokens, child_scores, ORIGIN_MODEL, scores)
+                child_scores += [scores[position] + logp for logp in found.top_logp[c]]
+            children, scores = tree.add_rescored_children(child_parents, child_tokens, float32_list(child_scores),
+                                                          ORIGIN_MODEL, scores)
             self.grafted(g, positions, children, scores)
         return len(nodes)
 

@@ -74,7 +74,7 @@ def needed_nodes(
 
 def best_nodes(scores: list[float], allowed: list[int], k: int) -> list[int]:
     """``top_nodes`` on host lists: up to ``k`` of ``allowed`` (ascending), best score first, ties to the lower index."""
-    return sorted(allowed, key=lambda i: -scores[i])[:k]
+    return sorted(allowed, key=scores.__getitem__, reverse=True)[:k]  # a reversed sort is stable too
 
 
 def rescored(scores: list[float], parents: list[int], local: list[float]) -> list[float]:  # [num_nodes]

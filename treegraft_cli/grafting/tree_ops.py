@@ -49,7 +49,7 @@ def _top_closed_on_host(tree: DraftTree, budget: int) -> list[int]:
     capped = list(scores)
     for i in range(1, len(capped)):  # parents first
         capped[i] = min(capped[parents[i]], scores[i])
-    keep = set(sorted(range(1, len(capped)), key=lambda i: -capped[i])[:budget])
+    keep = set(sorted(range(1, len(capped)), key=capped.__getitem__, reverse=True)[:budget])
     for node in list(keep):  # close over ancestors (a no-op unless the order is broken)
         node = parents[node]
         while node > 0 and node not in keep:
