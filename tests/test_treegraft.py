@@ -132,7 +132,7 @@ def test_combine_keeps_every_node_and_can_graft_shallower(tiny_self_pair):
     tree = growth.tree
     assert tree.size > 0 and bool((tree.origins[1:] == ORIGIN_NGRAM).all())
     before = (tree.parents.clone(), tree.tokens.clone(), tree.num_nodes)
-    frontier_depth = int(tree.depths[growth.frontier].max()) if growth.frontier.numel() else 1
+    frontier_depth = int(tree.depths[torch.tensor(growth.frontier)].max()) if growth.frontier else 1
     loop.strong_layer(growth, 2, committed)
     tree = growth.tree
     assert torch.equal(tree.parents[: before[2]], before[0]) and torch.equal(tree.tokens[: before[2]], before[1])

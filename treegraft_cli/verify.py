@@ -230,7 +230,7 @@ class StepVerdict:
         tree = self.tree
         if depth == 0:  # the root alone
             return torch.zeros(1, dtype=torch.long, device=tree.device)
-        matches = tree.tokens == self.choices.index_select(0, tree.parents.clamp(min=0))
+        matches = tree.tokens == self.choices.take(tree.parents)  # the root's parent, -1, takes the last: reset below
         matches[0].fill_(True)  # the root is committed
         accepted = (tree.ancestor_mask() <= matches).all(dim=1)  # [nodes]
         nodes = torch.arange(tree.num_nodes, device=tree.device).mul_(accepted)  # accepted node indices, 0 elsewhere
@@ -245,7 +245,7 @@ class StepVerdict:
 
         Greedy, each accepted node's token is its parent's choice and the bonus the deepest one's: the choices along
         the path."""
-        accepted = (path[1:] > 0).sum(0, keepdim=True)  # [1]
+        accepted = (path > 0).sum(0, keepdim=True)  # [1] (the root, first, is node 0)
         if self.choices is not None:
             return self.choices.index_select(0, path), accepted
         tokens = self.tree.tokens.index_select(0, path.roll(-1))  # [depth + 1] the accepted tokens, then the root's

@@ -62,9 +62,10 @@ class TargetLogProbCache:
         logp = log_softmax_float32(logits)
         return torch.topk(logp, min(self.width, logp.shape[-1]), dim=-1)
 
-    def append_top(self, start: int, values: torch.Tensor, tokens: torch.Tensor) -> None:  # host [m, W] each
-        """``append`` from rows already reduced by ``top`` and read to the host: positions ``start..start+m``, the
-        ones after forgotten. ``start`` is a recorded position or the first unrecorded one."""
+    def append_top(self, start: int, values: torch.Tensor, tokens: torch.Tensor, count: int | None = None) -> None:
+        """``append`` from rows already reduced by ``top`` and read to the host (``[m, W]`` each): positions
+        ``start..start+count`` (``count`` defaults to m; rows past it are written but not recorded), the ones after
+        forgotten. ``start`` is a recorded position or the first unrecorded one."""
         if start > self.length:
             raise ValueError(f"position {start} would leave a gap after the {self.length} recorded")
         end = start + values.shape[0]
@@ -75,7 +76,7 @@ class TargetLogProbCache:
                 grown_values[:start], grown_tokens[:start] = self._values[:start], self._tokens[:start]
             self._values, self._tokens = grown_values, grown_tokens
         self._values[start:end], self._tokens[start:end] = values, tokens
-        self.length = end
+        self.length = end if count is None else start + count
 
     def score(self, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:  # [m], [m] -> [m]
         """Log-prob of ``tokens`` after ``positions``; outside the top-W: W-th best minus the penalty."""

@@ -62,7 +62,7 @@ class Growth:
     """The mutable state of one step's tree while it grows; the side column ``rows`` is aligned with the tree."""
 
     tree: DraftTree
-    frontier: torch.Tensor  # [f] node indices
+    frontier: list[int]  # [f] node indices
     weak_done: set[int]  # nodes the weak drafter expanded
     rows: list[int]  # [num_nodes] the node's strong log-prob row, -1 if never forwarded (host work: a list)
     called: list[int] = field(default_factory=list)  # layers that called the strong drafter
@@ -75,17 +75,17 @@ class Growth:
         """A host tree holding the root: the layer loop runs on the host (its weak drafter is host-side by
         nature); only the strong drafter's forwards and look-ups run on the device."""
         tree = (roots or RootTrees()).tree(root_token, HOST, host=True)
-        return cls(tree, torch.zeros(1, dtype=torch.long), set(), [-1])
+        return cls(tree, [0], set(), [-1])
 
     @classmethod
-    def under_root(cls, root_token: int, lookup: StrongLookup, frontier: torch.Tensor, roots: RootTrees) -> Growth:
+    def under_root(cls, root_token: int, lookup: StrongLookup, roots: RootTrees) -> Growth:
         """The state after layer 1 called the strong drafter on the root alone, from ``lookup`` (its top-K, made
-        ahead): the root's children, best first, are the frontier (``frontier``: ``[K]`` node indices 1..K), the
-        root is expanded and its row is the drafter's row 0 (the caller counts the call in ``called``). The tree is
-        a copy of ``roots``' prototype of that shape."""
+        ahead): the root's children are the frontier (nodes 1..K, best first as top-K lists them), the root is
+        expanded and its row is the drafter's row 0 (the caller counts the call in ``called``). The tree is a copy of
+        ``roots``' prototype of that shape."""
         tree = roots.under_root(root_token, lookup.top_tokens[0], lookup.top_logp[0], ORIGIN_MODEL, HOST)
         children = tree.num_nodes - 1
-        return cls(tree, frontier[:children], set(), [0] + [-1] * children, expanded_nodes={0})
+        return cls(tree, list(range(1, children + 1)), set(), [0] + [-1] * children, expanded_nodes={0})
 
     def take(self, other: Growth) -> None:
         """Become ``other``: every field, so a caller holding this state sees the step as ``other`` grew it."""
@@ -96,8 +96,8 @@ class Growth:
         """The state after a device run of strong layers 1..``layers`` (``strong_run``)."""
         with host_only():
             expanded_nodes = {i for i, flag in enumerate(run.expanded.tolist()) if flag}
-            rows = run.rows.tolist()
-        return cls(run.tree, run.frontier, set(), rows, list(range(1, layers + 1)), expanded_nodes=expanded_nodes)
+            rows, frontier = run.rows.tolist(), run.frontier.tolist()
+        return cls(run.tree, frontier, set(), rows, list(range(1, layers + 1)), expanded_nodes=expanded_nodes)
 
     def sync(self) -> None:
         """Grow the side column to the tree's size (new nodes were never forwarded)."""
@@ -154,7 +154,6 @@ class LayerLoop:
         # node indices [0], chain tokens [0, 1], their log-probs [0, 1]
         self.nothing = (torch.empty(0, dtype=torch.long), torch.empty(0, 1, dtype=torch.long), torch.empty(0, 1))
         self.ahead: tuple[int, StrongLookup] | None = None  # the next root's lookup, looked up ahead, by committed length
-        self.first_children = torch.arange(1, tree_config.top_k + 1)  # [K] the root's children, added first
 
     @property
     def pool(self) -> int:
@@ -318,7 +317,7 @@ class LayerLoop:
     ) -> SchedulerState:
         return SchedulerState(
             tree=g.tree,
-            frontier=g.frontier,
+            frontier=longs(g.frontier),
             window=tuple(self.window_nodes(g, layer) if window is None else window),
             layer=layer,
             num_layers=self.shape.depth,
@@ -343,7 +342,7 @@ class LayerLoop:
     def weak_layer(self, g: Growth, layer: int, proposal: WeakProposal | None = None) -> None:
         """Skip: hang the weak drafter's chains (``proposal``, looked up here when not previewed)."""
         proposal = proposal if proposal is not None else self.propose_weak(g, layer)
-        g.frontier = self.nothing[0]
+        g.frontier = []
         if not proposal.expanding:
             return
         g.weak_done.update(proposal.expanding)
@@ -356,13 +355,13 @@ class LayerLoop:
         g.sync()
         full = set(proposal.full)
         allowed = sorted({head for head, parent in zip(heads, proposal.chain_parents, strict=True) if parent in full})
-        g.frontier = longs(best_nodes(tree.host_list("scores"), allowed, self.shape.top_k))
+        g.frontier = best_nodes(tree.host_list("scores"), allowed, self.shape.top_k)
 
     def propose_weak(self, g: Growth, layer: int) -> WeakProposal:
         """The chains a skip at ``layer`` would add, looked up but not added (a policy may preview them)."""
         tree = g.tree
         with host_only():
-            parents = [p for p in g.frontier.tolist() if p not in g.weak_done]
+            parents = [p for p in g.frontier if p not in g.weak_done]
         k, max_n = self.shape.top_k, max(1, self.options.max_n - layer + 1)
         tokens, parent_of, depths = tree.listed("tokens"), tree.listed("parents"), tree.listed("depths")
         context_tail = self.index.context[-max_n:]
@@ -465,14 +464,14 @@ class LayerLoop:
         self.strong.forward(committed, None, self.nothing[0], None, None)  # keeps the root's row 0 for this step
         # top-K lists the children best first, so in node order they are the frontier ``best_nodes`` would pick
         with host_only():
-            return Growth.under_root(self.index.context[-1], lookup, self.first_children, self.roots)
+            return Growth.under_root(self.index.context[-1], lookup, self.roots)
 
     def grafted(self, g: Growth, positions: list[int], children: list[int], scores: list[float]) -> None:
         """After a strong call's merge: the side column follows the tree, ``positions`` are expanded, and the K best
         of the call's ``children`` (by ``scores``, every node's) are the next frontier."""
         g.sync()
         g.expanded_nodes.update(positions)
-        g.frontier = longs(best_nodes(scores, sorted(set(children)), self.shape.top_k))
+        g.frontier = best_nodes(scores, sorted(set(children)), self.shape.top_k)
 
 
 def run_records(plan: RunPlan) -> list[LayerRecord]:

@@ -244,14 +244,12 @@ class TreeGraftMethod(Method):
             self.index.extend(observation.new_tokens)
             # the root and the accepted nodes were verified on the committed prefix: their target rows are exact
             if self.keeps_target_logp:
-                if host:
-                    values, tokens = (t[: a + 1] for t in host)
-                else:  # a caller that did not ask for the readback (a wrapper): read the rows now
+                if not host:  # a caller that did not ask for the readback (a wrapper): read the rows now
                     logits = observation.logits
-                    rows = self.target_rows(on_device_of(observation.root_path, logits.device), logits)
-                    values, tokens = (t[: a + 1] for t in fetch(*rows))
+                    host = fetch(*self.target_rows(on_device_of(observation.root_path, logits.device), logits))
+                # the rows of the root and the accepted nodes (a path padded with the root's row after them)
                 root_position = observation.committed.shape[0] - a - 2
-                self.target_logp.append_top(root_position, values, tokens)
+                self.target_logp.append_top(root_position, *host, count=a + 1)
             # the target's token after each verified node: the next accepted node's, then the bonus
             verified = observation.root_path
             self.clock.advance(self.step_ms)  # before the policy reads the step's time (modelled time only)
