@@ -162,6 +162,25 @@ def test_strong_calls_without_chains_hold_the_scores_rescoring_would_give(tiny_s
     assert torch.equal(tree.scores[1:], tree.scores[tree.parents[1:]] + local)
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_score_list_a_host_tree_keeps_is_its_scores_column(tiny_self_pair, seed):
+    """The host loop reads scores from the list its writers leave (``DraftTree.score_list``): after chains, merges and
+    strong calls, layer by layer, it must hold the column's values."""
+    method, committed = started_method(tiny_self_pair, "all-small", repetitive_prompt(seed))
+    loop = method.loop
+    loop.index.sync(committed)
+    method.strong.start_step()
+    growth = Growth.start(int(committed[-1]))
+    for layer, strong in enumerate((False, True, False, True), start=1):
+        if strong:
+            loop.strong_layer(growth, layer, committed)
+        else:
+            loop.weak_layer(growth, layer)
+        tree = growth.tree
+        assert tree.score_list() == tree.host_list("scores")
+    assert growth.weak_chains and tree.size > 20
+
+
 def test_forced_actions_drive_the_loop(tiny_self_pair):
     method, committed = started_method(tiny_self_pair, "all-small", repetitive_prompt(2))
     _, records = method.build(committed, forced={2: True, 3: True}, record=True)

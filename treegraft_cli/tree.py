@@ -108,7 +108,7 @@ class DraftTree:
         parts[1][1 : 1 + k] = floats(scores)
         tree = cls.from_parts(parts, 1 + k, host=True)
         tree._views.update({("list", "tokens"): [root_token, *tokens], ("list", "parents"): [-1] + [0] * k,
-                            ("list", "depths"): [0] + [1] * k})
+                            ("list", "depths"): [0] + [1] * k, ("list", "scores"): float32_list([0.0, *scores])})
         tree._key_index = {(0, token): node for node, token in enumerate(tokens, start=1)}
         tree._indexed = 1 + k
         return tree
@@ -170,9 +170,13 @@ class DraftTree:
     tokens = property(lambda self: self._column("tokens"), lambda self, v: self._set_structure("tokens", v))
     parents = property(lambda self: self._column("parents"), lambda self, v: self._set_structure("parents", v))
     depths = property(lambda self: self._column("depths"), lambda self, v: self._set_structure("depths", v))
-    scores = property(lambda self: self._column("scores"), lambda self, v: self._column("scores").copy_(v))
+    scores = property(lambda self: self._column("scores"), lambda self, v: self._set_scores(v))
     origins = property(lambda self: self._column("origins"), lambda self, v: self._column("origins").copy_(v))
     kv_slot = property(lambda self: self._column("kv_slot"), lambda self, v: self._column("kv_slot").copy_(v))
+
+    def _set_scores(self, value: torch.Tensor) -> None:
+        self._column("scores").copy_(value)
+        self._views.pop(("list", "scores"), None)
 
     def buffer(self, name: str) -> torch.Tensor:
         """Column ``name``'s whole buffer, ``capacity`` entries, fill values past the nodes: what indexing by node
@@ -193,6 +197,12 @@ class DraftTree:
                 raise ValueError(f"only a host tree's {', '.join(_STRUCTURE)} are kept as lists, not {name!r}")
             value = self._views[("list", name)] = self.host_list(name)
         return value
+
+    def score_list(self) -> list[float]:
+        """A host tree's scores as a Python list (not to be changed): the list its host-side writers left
+        (``add_rescored_children``, ``add_chains``, ``from_root_children``), else read fresh."""
+        value = self._views.get(("list", "scores"))
+        return self.host_list("scores") if value is None else value
 
     def host_list(self, name: str) -> list:
         """A host tree's column as a Python list, read fresh (one conversion of the whole buffer, no slice)."""
@@ -385,6 +395,7 @@ class DraftTree:
         if rescore:  # touched nodes forget their old score and take the (best) new one
             self.scores[node] = float("-inf")
         self.scores.scatter_reduce_(0, node, scores, reduce="amax")
+        self._views.pop(("list", "scores"), None)
         return node
 
     def to(self, device: torch.device | str) -> DraftTree:
@@ -420,6 +431,7 @@ class DraftTree:
             if rescore:  # touched nodes forget their old score and take the (best) new one
                 self.scores[node] = float("-inf")
             self.scores.scatter_reduce_(0, node, scores, reduce="amax")
+            self._views.pop(("list", "scores"), None)
             return node
 
     def add_rescored_children(
@@ -466,6 +478,7 @@ class DraftTree:
             self._write_lists(n, parents, tokens, origin)
             self._indexed = self._n  # the index holds the new keys already
         self._buffers["scores"][: self._n] = floats(scores)  # every node's settled score in one write
+        self._views[("list", "scores")] = scores
         return scores
 
     def add_root_children(self, tokens: list[int], scores: list[float], origin: int) -> None:
@@ -513,7 +526,7 @@ class DraftTree:
         """
         with host_only():
             index = self._indexed_keys()
-            scores = self.host_list("scores")
+            scores = list(self.score_list())
             n, start = self._n, self._n
             current = parents.tolist()
             chains, steps = tokens.tolist(), step_scores.tolist()
@@ -543,6 +556,7 @@ class DraftTree:
                 self._indexed = n  # the index holds the new keys already
             if new_parents or touched:
                 self._buffers["scores"][:n] = floats(scores)  # new nodes' and merged nodes' scores in one write
+                self._views[("list", "scores")] = scores
             return heads
 
     def _indexed_keys(self) -> dict[tuple[int, int], int]:

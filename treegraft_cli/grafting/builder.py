@@ -355,7 +355,7 @@ class LayerLoop:
         g.sync()
         full = set(proposal.full)
         allowed = sorted({head for head, parent in zip(heads, proposal.chain_parents, strict=True) if parent in full})
-        g.frontier = best_nodes(tree.host_list("scores"), allowed, self.shape.top_k)
+        g.frontier = best_nodes(tree.score_list(), allowed, self.shape.top_k)
 
     def propose_weak(self, g: Growth, layer: int) -> WeakProposal:
         """The chains a skip at ``layer`` would add, looked up but not added (a policy may preview them)."""
@@ -430,7 +430,7 @@ class LayerLoop:
             g.take(self.graft_root(committed, root_lookup))  # the root-only state holds nothing else yet
             return 0
         with host_only():
-            parents, tokens, scores = tree.listed("parents"), tree.listed("tokens"), tree.host_list("scores")
+            parents, tokens, scores = tree.listed("parents"), tree.listed("tokens"), tree.score_list()
             nodes = needed_nodes(parents, scores, g.rows, in_window, self.pool_at(g))
         forwarded = self.strong.forward(committed, tree, longs(nodes), None, tree.ancestor_mask())
         with host_only():

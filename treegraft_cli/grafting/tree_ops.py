@@ -45,7 +45,7 @@ def cut_to_budget(tree: DraftTree, budget: int) -> DraftTree:
 def _top_closed_on_host(tree: DraftTree, budget: int) -> list[int]:
     """``cut_to_budget``'s kept nodes (ascending, root first) for a host tree, in Python: the same capped scores
     (a running minimum down each path is the minimum over the ancestor row), the same stable order."""
-    parents, scores = tree.listed("parents"), tree.host_list("scores")
+    parents, scores = tree.listed("parents"), tree.score_list()
     capped = list(scores)
     for i in range(1, len(capped)):  # parents first
         capped[i] = min(capped[parents[i]], scores[i])
