@@ -432,7 +432,7 @@ class LayerLoop:
         with host_only():
             parents, tokens, scores = tree.listed("parents"), tree.listed("tokens"), tree.score_list()
             nodes = needed_nodes(parents, scores, g.rows, in_window, self.pool_at(g))
-        forwarded = self.strong.forward(committed, tree, longs(nodes), None, tree.ancestor_mask())
+        forwarded = self.strong.forward(committed, tree, longs(nodes), None, None)  # the mask from the whole buffers
         with host_only():
             rows = g.rows
             if self.strong.logp_rows.count:  # the root's row: forwarded with the pending tokens, or kept
