@@ -230,7 +230,7 @@ class StepVerdict:
         tree = self.tree
         if depth == 0:  # the root alone
             return torch.zeros(1, dtype=torch.long, device=tree.device)
-        matches = tree.tokens == self.choices.take(tree.parents)  # the root's parent, -1, takes the last: reset below
+        matches = tree.tokens == self.choices.index_select(0, tree.parents.clamp(min=0))
         matches[0].fill_(True)  # the root is committed
         accepted = (tree.ancestor_mask() <= matches).all(dim=1)  # [nodes]
         nodes = torch.arange(tree.num_nodes, device=tree.device).mul_(accepted)  # accepted node indices, 0 elsewhere
