@@ -113,7 +113,8 @@ def run_strong_layers(
             ranked = torch.sort(window, descending=True, stable=True)  # ties to the lower index, as ``best``
             positions, position_scores = ranked.indices[:k], ranked.values[:k]
             strong.forward(committed, tree, positions, rows, None)  # best first, as ``needed_nodes`` orders them
-        top_logp, top_tokens = strong.logp_rows.top(rows.index_select(0, positions), k)  # [p, K] twice
+        # the positions' rows are the last the forward wrote, in their order (layer 1: the root's row 0), each read once
+        top_logp, top_tokens = torch.topk(strong.logp_rows.view[-positions.shape[0] :], k)  # [p, K] twice
         # the positions' scores are already the strong drafter's: see the module docstring
         child_scores = (top_logp + position_scores[:, None]).view(-1)  # [p·K]
         parents = positions.expand(k) if layer == 1 else positions.index_select(0, spread)  # [p·K]
