@@ -21,11 +21,10 @@ import torch
 
 from ..errors import ConfigError
 from ..hostlists import flags as host_flags
-from ..hostlists import floats
 from ..lm import on_device_of
 from ..syncs import host_value
 from ..tree import ORIGIN_MODEL, ORIGIN_NGRAM, DraftTree, float32
-from .calibration import AcceptanceCalibration
+from .calibration import AcceptanceCalibration, host_columns
 
 
 def top_nodes(scores: torch.Tensor, allowed: torch.Tensor, k: int) -> torch.Tensor:
@@ -526,17 +525,25 @@ class CostAwareRule(CallPolicy):
 
     def expected_tokens(self, state: SchedulerState, positions: torch.Tensor) -> tuple[float, float]:
         """(E_skip, E_call): expected accepted tokens of the cut tree after a skip, and after a call that
-        grafts under ``positions`` ([p] node indices, the reselection)."""
-        tree, h = state.tree, self.hit_rate
-        reach_list = self.calibration.reach_list(tree)
-        reach = floats(reach_list)
-        parents = tree.parents[1:].cpu()
-        shares = reach[1:] / reach[parents].clamp(min=1e-12)
-        covered = torch.zeros(tree.num_nodes).index_add_(0, parents, shares).clamp(max=1.0)
-        virtual = reach[positions] * h * (1.0 - covered[positions])
-        weak = floats(state.weak.reach(reach_list, self.calibration.node_rate) if state.weak is not None else [])
-        skip = expected_accepted(torch.cat([reach[1:], weak]), state.budget)
-        return skip, expected_accepted(torch.cat([reach[1:], virtual]), state.budget)
+        grafts under ``positions`` ([p] node indices, the reselection).
+
+        On host lists (a layer's tree holds a few dozen nodes: tensor ops would cost more), rounded to float32 after
+        every operation as float32 tensors round: one double operation on float32 values, rounded, is the float32
+        operation's result."""
+        tree = state.tree
+        reach = self.calibration.reach_list(tree)  # float32 values
+        (parents,) = host_columns(tree, "parents")
+        covered = [0.0] * len(reach)  # the children's summed share of each node's reach, in node order
+        for node in range(1, len(reach)):
+            parent = parents[node]
+            covered[parent] = float32(covered[parent] + float32(reach[node] / max(reach[parent], _TINY_REACH)))
+        hit_rate = float32(self.hit_rate)
+        virtual = [float32(float32(reach[u] * hit_rate) * float32(1.0 - min(covered[u], 1.0))) for u in host_value(positions)]
+        weak = state.weak.reach(reach, self.calibration.node_rate) if state.weak is not None else []
+        return expected_accepted(reach[1:] + weak, state.budget), expected_accepted(reach[1:] + virtual, state.budget)
+
+
+_TINY_REACH = float32(1e-12)  # a parent's reach is at least this when its children's shares are taken
 
 
 def expected_accepted(reach: torch.Tensor | list[float], budget: int) -> float:  # reach: [n] non-root
