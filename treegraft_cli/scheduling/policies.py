@@ -538,7 +538,9 @@ class CostAwareRule(CallPolicy):
             parent = parents[node]
             covered[parent] = float32(covered[parent] + float32(reach[node] / max(reach[parent], _TINY_REACH)))
         hit_rate = float32(self.hit_rate)
-        virtual = [float32(float32(reach[u] * hit_rate) * float32(1.0 - min(covered[u], 1.0))) for u in host_value(positions)]
+        # one virtual child per position: the share of its reach its children leave, times the hit rate
+        virtual = [float32(float32(reach[u] * hit_rate) * float32(1.0 - min(covered[u], 1.0)))
+                   for u in host_value(positions)]
         weak = state.weak.reach(reach, self.calibration.node_rate) if state.weak is not None else []
         return expected_accepted(reach[1:] + weak, state.budget), expected_accepted(reach[1:] + virtual, state.budget)
 
