@@ -27,6 +27,7 @@ from ..lm import on_device_of
 from ..tree import ORIGIN_MODEL, ORIGIN_ROOT, DraftTree, best_by_score, reindex_parents
 from .logp_rows import log_softmax_float32
 from .model import ModelDrafter
+from .strong import TreeDrafter
 
 
 class DenseLayout:
@@ -183,7 +184,7 @@ class OpenLayout(DenseLayout):
     that one sort ranks the whole pool: the blocks not written yet hold −inf, after every written node.
     """
 
-    def __init__(self, drafter: ModelDrafter, depth: int, width: int, budget: int, lookback: int):
+    def __init__(self, drafter: TreeDrafter, depth: int, width: int, budget: int, lookback: int):
         super().__init__(drafter, depth, width, budget)
         device, k, size = drafter.device, width, 1 + self.pool_size
         self.lookback = lookback
@@ -209,6 +210,16 @@ class OpenLayout(DenseLayout):
         self.best_nodes = [nodes[:k] for _, nodes in self.ranked]  # [K]
 
     def layers(self, committed: torch.Tensor) -> Iterator[DenseDraft]:  # committed: [L], root last
+        return self._layers(committed, self.depth, keep_rows=False)
+
+    def run(self, committed: torch.Tensor, layers: int) -> DenseDraft:  # committed: [L], root last
+        """The pool after the first ``layers`` layers, the layers after them left to the caller: the strong drafter
+        keeps each forwarded node's log-prob row after the root's, in forward order, as its own forwards would
+        (``TreeDrafter.logp_rows``), for a later call of the step to read."""
+        *_, drafted = self._layers(committed, layers, keep_rows=True)
+        return drafted
+
+    def _layers(self, committed: torch.Tensor, layers: int, keep_rows: bool) -> Iterator[DenseDraft]:
         k, drafter = self.width, self.drafter
         self.pool_scores.copy_(self.fresh_scores)  # the last step's blocks: nothing is open until a layer writes it
         self.closed.copy_(self.fresh_closed)
@@ -217,17 +228,18 @@ class OpenLayout(DenseLayout):
         drafted = DenseDraft(self, committed[-1:], drafter.committed_length)
         drafted.add_layer(self.token_blocks[0], self.score_blocks[0])
         yield drafted
-        for layer in range(1, self.depth):
+        for layer in range(1, layers):
             forwarded, forwarded_scores = self._positions(layer + 1)  # [K] best first, [K, 1]
             torch.index_select(self.pool, 1, forwarded, out=self.forwarded_columns[layer - 1])
             forwarded_tokens, forwarded_parents, forwarded_depths = self.forwarded_views[layer - 1]
             sees = torch.index_select(self.lineage, 0, forwarded_parents, out=self.sees[layer - 1])  # [K, rows]
             sees.bitwise_or_(self.own_rows[layer - 1])
-            last = layer == self.depth - 1  # no layer after it reads the lineage or the closed flags it would write
+            last = layer == layers - 1  # no layer after it reads the lineage or the closed flags it would write
             if not last:
                 self.lineage.index_copy_(0, forwarded, sees)
             logits = drafter.forward_block(forwarded_tokens, forwarded_depths, self.sees_so_far[layer - 1])
-            torch.topk(log_softmax_float32(logits), k, dim=-1, out=(self.child_logp, self.token_grids[layer]))  # [K, K]
+            logp = drafter.logp_rows.append_rows(logits) if keep_rows else log_softmax_float32(logits)  # [K, vocab]
+            torch.topk(logp, k, dim=-1, out=(self.child_logp, self.token_grids[layer]))  # [K, K]
             torch.add(self.child_logp, forwarded_scores, out=self.score_grids[layer])  # cumulative, parent by parent
             torch.index_select(forwarded, 0, self.child_spread, out=self.parent_blocks[layer])
             torch.index_select(forwarded_depths, 0, self.child_spread, out=self.depth_blocks[layer]).add_(1)
@@ -285,6 +297,29 @@ class DenseDraft:
         """``DraftTree.top_by_score`` of the pool so far: its columns in the generic builder's node order, cut to the
         ``budget`` best nodes. ``capacity``: room for that many nodes (root included), for a caller that appends
         (``graft``); else exactly the nodes."""
+        if self.size <= budget:
+            return self.tree(capacity)
+        layout = self.layout
+        columns, parents, scores = self._columns()
+        kept = best_by_score(scores, budget)  # [1 + N] the root first
+        columns = columns.index_select(1, kept)
+        parents = columns[1]
+        reindex_parents(kept, parents)
+        origins = layout.origins.index_select(0, kept)
+        return layout.tree(columns, parents, scores.index_select(0, kept), origins, len(self.tokens), capacity)
+
+    def tree(self, capacity: int = 0) -> DraftTree:
+        """The whole pool so far as a tree, in the generic builder's node order (no cut); ``capacity`` as in
+        ``top_by_score``."""
+        columns, parents, scores = self._columns()
+        n = columns.shape[1]
+        origins = _prefix(self.layout.origins, n)  # a tree with room gets a padded copy; one without takes it as it is
+        origins = origins if capacity > n else origins.clone()
+        return self.layout.tree(columns, parents, scores, origins, len(self.tokens), capacity)
+
+    def _columns(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The pool's int64 block ``[4, 1 + P]`` (tokens, parents, depths, kv_slot), its parents ``[1 + P]`` and
+        scores ``[1 + P]``."""
         layout, n = self.layout, 1 + self.size
         tokens = torch.cat([on_device_of(self.root, self.tokens[0].device), *self.tokens])  # [1 + P]
         scores = torch.cat([layout.root_score, *self.scores])  # [1 + P]
@@ -293,17 +328,7 @@ class DenseDraft:
         if forwarded is not None:  # out of place: the layout's column stays
             slots = slots.index_copy(0, forwarded, _prefix(layout.forward_rows, forwarded.shape[0]) + self.first_row)
         depths = _prefix(layout.pool_depths, n)
-        columns = torch.stack([tokens, parents, depths, slots])  # [4, 1 + P], DraftTree's int64 block
-        if self.size <= budget:
-            origins = _prefix(layout.origins, n)  # a tree with room gets a padded copy; one without takes it as it is
-            origins = origins if capacity > n else origins.clone()
-            return layout.tree(columns, parents, scores, origins, len(self.tokens), capacity)
-        kept = best_by_score(scores, budget)  # [1 + N] the root first
-        columns = columns.index_select(1, kept)
-        parents = columns[1]
-        reindex_parents(kept, parents)
-        origins = layout.origins.index_select(0, kept)
-        return layout.tree(columns, parents, scores.index_select(0, kept), origins, len(self.tokens), capacity)
+        return torch.stack([tokens, parents, depths, slots]), parents, scores
 
 
 def _prefix(column: torch.Tensor, n: int) -> torch.Tensor:

@@ -50,6 +50,12 @@ class LogProbRows:
 
     def append(self, logits: torch.Tensor) -> int:  # logits: [n, vocab], any float dtype
         """Write the rows' float32 log-softmax after the kept rows; return the first new row's index."""
+        first = self.count
+        self.append_rows(logits)
+        return first
+
+    def append_rows(self, logits: torch.Tensor) -> torch.Tensor:  # logits: [n, vocab] -> [n, vocab] float32
+        """``append``, returning the rows it wrote (a view of the buffer)."""
         n, vocab = logits.shape
         first, self.count = self.count, self.count + n
         if self.buffer.shape[0] < self.count or self.buffer.shape[1:] != (vocab,) or self.buffer.device != logits.device:
@@ -61,7 +67,7 @@ class LogProbRows:
         log_softmax_float32(logits, out=rows)
         if self.floor is not None:
             rows.clamp_min_(self.floor)
-        return first
+        return rows
 
     def top(self, rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:  # rows: [c] -> [c, k] twice
         """The ``k`` largest log-probs of each of ``rows`` and their tokens, largest first (``torch.topk``'s)."""

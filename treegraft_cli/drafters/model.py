@@ -93,6 +93,11 @@ class ModelDrafter:
         self.calls += 1
         return logits
 
+    def set_step_nodes(self, nodes: torch.Tensor) -> None:  # nodes: [s]
+        """Name the tree nodes whose cache rows this step's block forwards (``forward_block``) wrote, in row order:
+        those forwards see no tree, and a later forward over one (``node_mask``) masks against these rows."""
+        self.step_nodes = nodes
+
     def node_mask(
         self,
         tree: DraftTree,

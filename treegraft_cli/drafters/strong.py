@@ -22,7 +22,6 @@ from .model import ModelDrafter
 
 
 class TreeDrafter(ModelDrafter):
-    takes_device_trees = True  # its forward reads nothing of the tree on the host: a tree on its device costs no read
     looks_ahead = True  # ``forward_ahead``: the next step's first call, before the host reads this step's verdict
 
     def __init__(self, lm):

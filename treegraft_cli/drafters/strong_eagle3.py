@@ -42,7 +42,6 @@ OUTSIDE_LOGP = -1.0e4  # log-prob of a target token the head's draft vocabulary 
 class Eagle3TreeDrafter(Eagle3Drafter):
     """``committed_length`` counts committed head-cache rows, the root row included once ``begin_step`` ran."""
 
-    takes_device_trees = False  # it groups the nodes by depth on the host
     looks_ahead = False  # its first call needs the target's hidden states of the committed tokens
 
     def __init__(self, lm: CausalLM, target: CausalLM):

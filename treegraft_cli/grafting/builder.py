@@ -94,10 +94,7 @@ class Growth:
     @classmethod
     def after_run(cls, run: RunResult, layers: int) -> Growth:
         """The state after a device run of strong layers 1..``layers`` (``strong_run``)."""
-        with host_only():
-            expanded_nodes = {i for i, flag in enumerate(run.expanded.tolist()) if flag}
-            rows, frontier = run.rows.tolist(), run.frontier.tolist()
-        return cls(run.tree, frontier, set(), rows, list(range(1, layers + 1)), expanded_nodes=expanded_nodes)
+        return cls(run.tree, run.frontier, set(), run.rows, list(range(1, layers + 1)), expanded_nodes=run.expanded)
 
     def sync(self) -> None:
         """Grow the side column to the tree's size (new nodes were never forwarded)."""
@@ -190,7 +187,7 @@ class LayerLoop:
             self.strong.start_step()
         if device_tree and not forced and not record and policy.plans_whole_steps(self.shape.depth):
             plan = self.run_plan(committed, policy)
-            if plan is not None and self.layout is not None:  # every layer strong, and no read
+            if plan is not None:  # every layer strong, and no read
                 records = run_records(plan)
                 return self.strong_tree(committed), records, 0
         ahead, self.ahead = self.ahead, None
@@ -221,8 +218,7 @@ class LayerLoop:
             plan = self.run_plan(committed, policy) if call and layer == 1 and not forced and not record else None
             if plan is not None:
                 records = run_records(plan)
-                g = Growth.after_run(run_strong_layers(plan, self.strong, committed, self.index.context[-1],
-                                                       self.options.lookback, self.roots), plan.layers)
+                g = Growth.after_run(run_strong_layers(plan, self.layout, committed), plan.layers)
                 layer = plan.layers + 1
                 continue
             forwarded = 0
@@ -244,9 +240,9 @@ class LayerLoop:
     def run_plan(self, committed: torch.Tensor, policy: CallPolicy) -> RunPlan | None:
         """Once ``policy`` decided to call at layer 1: the device run of the layers it calls from there on whatever
         the tree holds, when there is one worth running: two layers at least (one strong layer reads once either
-        way), a drafter that forwards device trees, committed tokens it lacks that hold the root, and counts that
-        do not depend on the data (``plan_run``)."""
-        if not self.options.device_layers or self.strong is None or not self.strong.takes_device_trees:
+        way), a drafter that forwards blocks (the run is drafted on its dense layout), committed tokens it lacks
+        that hold the root, and counts that do not depend on the data (``plan_run``)."""
+        if not self.options.device_layers or self.layout is None:
             return None
         layers = policy.planned_calls(self.shape.depth)
         if layers < 2 or self.strong_lag(committed) < 1:
