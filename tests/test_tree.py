@@ -247,3 +247,20 @@ def test_best_by_score_keeps_the_root_and_the_best_nodes_ties_to_the_lower_index
     scores = torch.tensor([0.0, *rest])
     ranked = sorted(range(1, len(scores)), key=lambda i: (-scores[i].item(), i))[:budget]
     assert best_by_score(scores, budget).tolist() == [0, *sorted(ranked)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(parents=random_parents(), seed=st.integers(0, 1000))
+def test_a_host_tree_from_read_parts_lists_its_own_columns(parents, seed):
+    """``from_read_parts`` (a device run's tree read to the host) keeps structure and score lists equal to the columns,
+    and they grow with the tree as any host tree's do."""
+    tree = tree_from_parents(parents, seed)
+    read = DraftTree.from_read_parts(tuple(part.clone() for part in tree.parts()), tree.num_nodes)
+    for name in ("tokens", "parents", "depths"):
+        assert read.listed(name) == getattr(tree, name).tolist(), name
+    assert read.score_list() == tree.scores.tolist()
+    read.add_chains(torch.tensor([0]), torch.tensor([[7, 8]]), torch.tensor([[-0.5, -0.25]]), ORIGIN_MODEL)
+    for name in ("tokens", "parents", "depths"):
+        assert read.listed(name) == getattr(read, name).tolist(), name
+    assert read.score_list() == read.scores.tolist()
+    read.validate()

@@ -128,6 +128,18 @@ class DraftTree:
         tree._adopt(buffers, mask, num_nodes, host, parts[0])
         return tree
 
+    @classmethod
+    def from_read_parts(cls, parts: tuple[torch.Tensor, ...], num_nodes: int) -> DraftTree:
+        """A host tree on ``parts`` just read from the device (``parts()``' host copies), its structure and scores kept
+        as the lists the layer loop reads at every layer, from one conversion of the int64 block and one of the
+        scores."""
+        tree = cls.from_parts(parts, num_nodes, host=True)
+        with host_only():
+            columns, scores = parts[0].tolist(), parts[1].tolist()[:num_nodes]
+        tree._views.update({("list", name): column[:num_nodes] for name, column in zip(_STRUCTURE, columns, strict=False)})
+        tree._views[("list", "scores")] = scores
+        return tree
+
     def _reserve(self, extra: int) -> None:
         """Room for ``extra`` more nodes: double the buffers until they fit (copying what is there)."""
         needed = self._n + extra

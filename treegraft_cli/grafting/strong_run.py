@@ -96,7 +96,7 @@ def run_strong_layers(
         layout.drafter.set_step_nodes(torch.cat(drafted.frontiers))
     parts = fetch(*drafted.tree().parts())
     with host_only():
-        tree = DraftTree.from_parts(parts, plan.capacity, host=True)
+        tree = DraftTree.from_read_parts(parts, plan.capacity)
         slots, first_row = tree.host_list("kv_slot"), drafted.first_row
         rows = [-1 if slot < 0 else slot - first_row + 1 for slot in slots]
         rows[0] = 0
