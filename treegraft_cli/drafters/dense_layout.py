@@ -58,6 +58,7 @@ class DenseLayout:
         self.eye = torch.eye(k, dtype=torch.bool, device=device)
         self.root_score = torch.zeros(1, device=device)
         self.node_indices: dict[int, torch.Tensor] = {}  # ``_node_indices``
+        self.prefixes: dict[tuple[int, int], torch.Tensor] = {}  # ``prefix``
         size = 1 + self.pool_size
         # tokens, parents and depths of the pool in one block (``OpenLayout`` gathers a layer's forwarded nodes' in one
         # call), and the scores: each layer's top-k writes its children's tokens and scores straight into its block
@@ -79,6 +80,17 @@ class DenseLayout:
         self.depth_blocks = [self.pool_depths[first : first + rows * k] for first, rows in blocks]
         self.token_grids = [block.view(rows, k) for block, (_, rows) in zip(self.token_blocks, blocks, strict=True)]
         self.score_grids = [block.view(rows, k) for block, (_, rows) in zip(self.score_blocks, blocks, strict=True)]
+
+    def prefix(self, column: torch.Tensor, n: int) -> torch.Tensor:
+        """The first ``n`` entries of one of the layout's columns: the column itself when that is all of it, else a
+        view made once per column and size (no slicing call a step)."""
+        if column.shape[0] == n:
+            return column
+        key = (id(column), n)  # the layout's columns live as long as it does
+        view = self.prefixes.get(key)
+        if view is None:
+            view = self.prefixes[key] = column[:n]
+        return view
 
     def _node_indices(self, n: int) -> torch.Tensor:  # [n] 0 .. n − 1, made once per size
         indices = self.node_indices.get(n)
@@ -127,8 +139,8 @@ class DenseLayout:
         forwarded_layers = len(drafted.frontiers)
         if not forwarded_layers:
             return self.first_parents, None
-        forwarded = (torch.stack(drafted.frontiers) + _prefix(self.block_firsts, forwarded_layers)).view(-1)  # [F · K]
-        parents = torch.cat([self.first_parents, forwarded.index_select(0, _prefix(self.spread, n - 1 - self.width))])
+        forwarded = (torch.stack(drafted.frontiers) + self.prefix(self.block_firsts, forwarded_layers)).view(-1)  # [F · K]
+        parents = torch.cat([self.first_parents, forwarded.index_select(0, self.prefix(self.spread, n - 1 - self.width))])
         return parents, forwarded
 
     def tree(
@@ -263,7 +275,7 @@ class OpenLayout(DenseLayout):
 
     def parents_and_forwarded(self, drafted: DenseDraft, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         forwarded = torch.cat(drafted.frontiers) if drafted.frontiers else None  # node indices, forward order
-        return _prefix(self.pool_parents, n), forwarded
+        return self.prefix(self.pool_parents, n), forwarded
 
 
 class DenseDraft:
@@ -313,7 +325,7 @@ class DenseDraft:
         ``top_by_score``."""
         columns, parents, scores = self._columns()
         n = columns.shape[1]
-        origins = _prefix(self.layout.origins, n)  # a tree with room gets a padded copy; one without takes it as it is
+        origins = self.layout.prefix(self.layout.origins, n)  # a tree with room gets a padded copy; one without takes it as it is
         origins = origins if capacity > n else origins.clone()
         return self.layout.tree(columns, parents, scores, origins, len(self.tokens), capacity)
 
@@ -324,15 +336,8 @@ class DenseDraft:
         tokens = torch.cat([on_device_of(self.root, self.tokens[0].device), *self.tokens])  # [1 + P]
         scores = torch.cat([layout.root_score, *self.scores])  # [1 + P]
         parents, forwarded = layout.parents_and_forwarded(self, n)
-        slots = _prefix(layout.no_rows, n)  # the stack below copies it
+        slots = layout.prefix(layout.no_rows, n)  # the stack below copies it
         if forwarded is not None:  # out of place: the layout's column stays
-            slots = slots.index_copy(0, forwarded, _prefix(layout.forward_rows, forwarded.shape[0]) + self.first_row)
-        depths = _prefix(layout.pool_depths, n)
+            slots = slots.index_copy(0, forwarded, layout.prefix(layout.forward_rows, forwarded.shape[0]) + self.first_row)
+        depths = layout.prefix(layout.pool_depths, n)
         return torch.stack([tokens, parents, depths, slots]), parents, scores
-
-
-def _prefix(column: torch.Tensor, n: int) -> torch.Tensor:
-    """The first ``n`` entries of a layout column: the column itself when that is all of it (no slicing call)."""
-    return column if column.shape[0] == n else column[:n]
-
-

@@ -192,12 +192,7 @@ class LayerLoop:
                 return self.strong_tree(committed), records, 0
         ahead, self.ahead = self.ahead, None
         root_lookup = ahead[1] if ahead is not None and ahead[0] == committed.shape[0] and not forced else None
-        if root_lookup is not None and not record and policy.wants_layer(1) and policy.call_budget >= 1:
-            g = self.graft_root(committed, root_lookup)  # layer 1, decided by the layer alone
-            g.called.append(1)
-            records, layer = [LayerRecord(1, True, False, None, (), 0)], 2
-        else:
-            g, records, layer = Growth.start(self.index.context[-1], self.roots), [], 1
+        g, records, layer = self.first_layers(committed, policy, root_lookup, forced, record)
         while layer <= self.shape.depth:
             with host_only():
                 by_layer = None if record or layer in forced else policy.wants_layer(layer)
@@ -216,10 +211,8 @@ class LayerLoop:
                     window = self.window_nodes(g, layer) if wanted else []
                 call = wanted and self.strong is not None and bool(window)
             plan = self.run_plan(committed, policy) if call and layer == 1 and not forced and not record else None
-            if plan is not None:
-                records = run_records(plan)
-                g = Growth.after_run(run_strong_layers(plan, self.layout, committed), plan.layers)
-                layer = plan.layers + 1
+            if plan is not None:  # a policy deciding by the state (the step rule's strong steps)
+                g, records, layer = self.run_from_root(plan, committed)
                 continue
             forwarded = 0
             if call:
@@ -236,6 +229,32 @@ class LayerLoop:
             called = tuple(g.called) if forced else None
             tree = policy.trim(cut_to_budget(g.tree, self.shape.budget), costs, self.shape.budget, called)
         return tree, records, g.weak_expansions
+
+    def first_layers(
+        self,
+        committed: torch.Tensor,  # [L] root last
+        policy: CallPolicy,
+        root_lookup: StrongLookup | None,
+        forced: Mapping[int, bool],
+        record: bool,
+    ) -> tuple[Growth, list[LayerRecord], int]:
+        """The state, records and next layer before the loop decides: layer 1 already done when the policy calls it by
+        the layer alone (every window at layer 1 holds the root) and the call was made ahead (``graft_root``) or starts
+        a device run (``run_from_root``: no root-only tree made for nothing); else the root alone, at layer 1."""
+        by_layer = not record and not forced and self.strong is not None and policy.wants_layer(1) and policy.call_budget >= 1
+        if by_layer and root_lookup is not None:
+            g = self.graft_root(committed, root_lookup)
+            g.called.append(1)
+            return g, [LayerRecord(1, True, False, None, (), 0)], 2
+        plan = self.run_plan(committed, policy) if by_layer else None
+        if plan is not None:
+            return self.run_from_root(plan, committed)
+        return Growth.start(self.index.context[-1], self.roots), [], 1
+
+    def run_from_root(self, plan: RunPlan, committed: torch.Tensor) -> tuple[Growth, list[LayerRecord], int]:
+        """The device run of ``plan``: the state after it, its records and the layer after it."""
+        run = run_strong_layers(plan, self.layout, committed)
+        return Growth.after_run(run, plan.layers), run_records(plan), plan.layers + 1
 
     def run_plan(self, committed: torch.Tensor, policy: CallPolicy) -> RunPlan | None:
         """Once ``policy`` decided to call at layer 1: the device run of the layers it calls from there on whatever
