@@ -152,8 +152,21 @@ class DenseLayout:
         depth: int,  # no node is deeper
         capacity: int = 0,  # buffers for this many nodes (at least n); 0: n
     ) -> DraftTree:
-        """A DraftTree on these columns, its ancestor mask marked from each node's ancestors at distances 1..depth.
-        Past the nodes, room for appending holds ``DraftTree``'s fill values: no row (−1) and a diagonal mask."""
+        """A DraftTree on these columns (``tree_parts``)."""
+        return DraftTree.from_parts(self.tree_parts(columns, parents, scores, origins, depth, capacity), columns.shape[1])
+
+    def tree_parts(
+        self,
+        columns: torch.Tensor,  # [4, n] as ``tree``'s
+        parents: torch.Tensor,  # [n]
+        scores: torch.Tensor,  # [n]
+        origins: torch.Tensor,  # [n] int8
+        depth: int,
+        capacity: int = 0,
+    ) -> tuple[torch.Tensor, ...]:
+        """The buffers of a tree on these columns (``DraftTree.parts``), its ancestor mask marked from each node's
+        ancestors at distances 1..depth. Past the nodes, room for appending holds ``DraftTree``'s fill values: no row
+        (−1) and a diagonal mask."""
         n = columns.shape[1]
         up = parents.clamp(min=0)  # the root is its own parent: every climb ends there
         ancestors = [self._node_indices(n), up]
@@ -163,13 +176,12 @@ class DenseLayout:
         if capacity <= n:
             mask = torch.zeros(n, n, dtype=torch.bool, device=up.device)
             mask.scatter_(1, ancestors, True)
-            return DraftTree.from_parts((columns, scores, origins, mask), n)
+            return columns, scores, origins, mask
         room = (0, capacity - n)
         mask = torch.eye(capacity, dtype=torch.bool, device=up.device)
         mask[:n].scatter_(1, ancestors, True)
         pad = torch.nn.functional.pad
-        parts = (pad(columns, room, value=-1), pad(scores, room, value=float("-inf")), pad(origins, room), mask)
-        return DraftTree.from_parts(parts, n)
+        return pad(columns, room, value=-1), pad(scores, room, value=float("-inf")), pad(origins, room), mask
 
 
 class OpenLayout(DenseLayout):
@@ -323,11 +335,15 @@ class DenseDraft:
     def tree(self, capacity: int = 0) -> DraftTree:
         """The whole pool so far as a tree, in the generic builder's node order (no cut); ``capacity`` as in
         ``top_by_score``."""
+        return DraftTree.from_parts(self.tree_parts(capacity), 1 + self.size)
+
+    def tree_parts(self, capacity: int = 0) -> tuple[torch.Tensor, ...]:
+        """``tree``'s buffers (``DraftTree.parts``), for a caller that reads them to the host without a device tree."""
         columns, parents, scores = self._columns()
         n = columns.shape[1]
         origins = self.layout.prefix(self.layout.origins, n)  # a tree with room gets a padded copy; one without takes it as it is
         origins = origins if capacity > n else origins.clone()
-        return self.layout.tree(columns, parents, scores, origins, len(self.tokens), capacity)
+        return self.layout.tree_parts(columns, parents, scores, origins, len(self.tokens), capacity)
 
     def _columns(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The pool's int64 block ``[4, 1 + P]`` (tokens, parents, depths, kv_slot), its parents ``[1 + P]`` and

@@ -94,7 +94,7 @@ def run_strong_layers(
     drafted = layout.run(committed, plan.layers)
     if drafted.frontiers:  # the nodes layers 2.. forwarded, in row order
         layout.drafter.set_step_nodes(torch.cat(drafted.frontiers))
-    parts = fetch(*drafted.tree().parts())
+    parts = fetch(*drafted.tree_parts())
     with host_only():
         tree = DraftTree.from_read_parts(parts, plan.capacity)
         slots, first_row = tree.host_list("kv_slot"), drafted.first_row
