@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from ..hostlists import longs
 from ..lm import CausalLM, on_device_of
-from ..syncs import host_value, read
+from ..syncs import host_only, read
 from ..tree import DraftTree
 from .logp_rows import log_softmax_float32
 
@@ -129,10 +130,18 @@ class ModelDrafter:
     def commit(self, tree: DraftTree, path: torch.Tensor, forwarded: int | None = None) -> None:  # path: [m]
         """Keep the rows of the accepted ``path`` (node indices, root excluded) that the drafter forwarded: its
         longest such prefix, ``forwarded`` nodes long when the caller knows it (else one read)."""
-        slots = tree.kv_slot[on_device_of(path, tree.device)]
-        if forwarded is None:
-            prefix = torch.cumprod(slots >= 0, 0).sum() if path.numel() else slots.new_zeros(())
-            forwarded = int(host_value(prefix) if tree.host else read(prefix))
-        self.lm.commit(on_device_of(slots[:forwarded], self.device), self.committed_length)
+        if tree.host and forwarded is None:  # the slots are host lists: the prefix is counted in Python
+            with host_only():
+                slots = tree.host_list("kv_slot")
+                path_slots = [slots[node] for node in path.tolist()]
+                forwarded = next((j for j, slot in enumerate(path_slots) if slot < 0), len(path_slots))
+                kept = longs(path_slots[:forwarded])
+        else:
+            slots = tree.kv_slot[on_device_of(path, tree.device)]
+            if forwarded is None:
+                prefix = torch.cumprod(slots >= 0, 0).sum() if path.numel() else slots.new_zeros(())
+                forwarded = int(read(prefix))
+            kept = slots[:forwarded]
+        self.lm.commit(on_device_of(kept, self.device), self.committed_length)
         self.committed_length += forwarded
         self.step_nodes = _NO_NODES
