@@ -185,8 +185,9 @@ class DenseLayout:
 
 
 class OpenLayout(DenseLayout):
-    """TreeGraft's strong drafter called at every layer from the root (``all-mid``: the run of
-    ``grafting.strong_run`` over every layer, nothing read on the host) drafted on the dense tree's layout.
+    """TreeGraft's strong drafter called at layers 1..r from the root (``grafting.strong_run``: ``all-mid``'s every
+    layer, nothing read on the host; ``fixed:1,2``'s first two, read once by ``run``) drafted on the dense tree's
+    layout.
 
     Layer 1 is EAGLE-2's. Every later layer forwards the K best *open* nodes of the pool (not forwarded yet, depth
     at least the run's layer minus ``lookback``) wherever they hang, not only the last layer's children, and hangs
@@ -195,11 +196,11 @@ class OpenLayout(DenseLayout):
     earlier layer left open, shallower than the last layer's children, so each layer writes its children's depths
     (their parents' plus one), and lineage (the step's cache rows a node sees) is kept per pool node.
 
-    It drafts ``run_strong_layers``'s tree node for node and bit for bit (tests/test_strong_run.py): the root's
-    row from ``TreeDrafter.forward``'s pending-token forward, each layer's positions ranked by one stable sort
-    (ties to the lower index) and forwarded best first, children in the same order. What it spares is the
-    tree: no node is written and no ancestor mask kept until the cut (on the tiny pair a step took 268.7 → 198.7
-    tensor calls).
+    It drafts the host layer loop's tree (``LayerLoop.strong_layer`` layer by layer) node for node and bit for bit
+    (tests/test_strong_run.py): the root's row from ``TreeDrafter.forward``'s pending-token forward, each layer's
+    positions ranked by one stable sort (ties to the lower index) and forwarded best first, children in the same
+    order. What it spares is the tree: no node is written and no ancestor mask kept until the cut or the run's end
+    (on the tiny pair an ``all-mid`` step took 268.7 → 198.7 tensor calls).
 
     The pool's tokens, parents, scores and lineage live in buffers kept across steps, and each layer's top-k writes
     its children's tokens and scores straight into its block of them (views made once). Every entry a step reads it
@@ -341,7 +342,8 @@ class DenseDraft:
         """``tree``'s buffers (``DraftTree.parts``), for a caller that reads them to the host without a device tree."""
         columns, parents, scores = self._columns()
         n = columns.shape[1]
-        origins = self.layout.prefix(self.layout.origins, n)  # a tree with room gets a padded copy; one without takes it as it is
+        # a tree with room gets a padded copy; one without takes a copy of its own
+        origins = self.layout.prefix(self.layout.origins, n)
         origins = origins if capacity > n else origins.clone()
         return self.layout.tree_parts(columns, parents, scores, origins, len(self.tokens), capacity)
 

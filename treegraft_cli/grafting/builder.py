@@ -241,7 +241,8 @@ class LayerLoop:
         """The state, records and next layer before the loop decides: layer 1 already done when the policy calls it by
         the layer alone (every window at layer 1 holds the root) and the call was made ahead (``graft_root``) or starts
         a device run (``run_from_root``: no root-only tree made for nothing); else the root alone, at layer 1."""
-        by_layer = not record and not forced and self.strong is not None and policy.wants_layer(1) and policy.call_budget >= 1
+        by_layer = (not record and not forced and self.strong is not None and policy.wants_layer(1)
+                    and policy.call_budget >= 1)
         if by_layer and root_lookup is not None:
             g = self.graft_root(committed, root_lookup)
             g.called.append(1)
@@ -270,7 +271,7 @@ class LayerLoop:
 
     def strong_tree(self, committed: torch.Tensor) -> DraftTree:
         """The cut tree of a strong run over every layer, on the strong drafter's device: no read. Drafted on the
-        dense layout (``OpenLayout``: ``run_strong_layers``'s tree, no node written before the cut).
+        dense layout (``OpenLayout``: no node written before the cut).
 
         ``cut_to_budget`` caps each score by its ancestors' before ranking; a run's scores need no cap (each child's is
         its parent's plus a log-prob, never above it), so the cut is ``DraftTree.top_by_score``'s, node for node. The
