@@ -12,6 +12,7 @@ from treegraft_cli.config import DecodeConfig, TreeConfig
 from treegraft_cli.engine import SpeculativeDecoder
 from treegraft_cli.grafting.strong_run import plan_run
 from treegraft_cli.lm import CausalLM
+from treegraft_cli.methods.treegraft import TreeGraftMethod
 from treegraft_cli.scheduling.policies import AllMid, FixedLayers
 from treegraft_cli.tree import COLUMNS
 
@@ -88,6 +89,18 @@ def test_the_device_run_drafts_the_host_loops_trees_with_one_read(request, metho
         assert device_tree == host_tree, f"step {step}"
     assert on_device[1] == on_host[1] == reference_greedy(pair[1], prompt, NEW_TOKENS)
     assert max(on_host[2]) == host_reads and max(on_device[2]) == device_reads
+
+
+def test_a_run_over_every_layer_read_to_the_host_drafts_the_host_loops_trees(tiny_self_pair, monkeypatch):
+    """A caller that reads the step's tree on the host (``collect``, a policy's measured history) gets a run over every
+    layer read back whole, then cut on the host: the host loop's trees, with two reads a step."""
+    monkeypatch.setattr(TreeGraftMethod, "device_tree", property(lambda method: False))
+    prompt = torch.cat([random_prompt(5, length=12)] * 2)
+    on_host = drafted(tiny_self_pair, "all-mid", prompt, device_layers=False)
+    on_device = drafted(tiny_self_pair, "all-mid", prompt)
+    assert on_device[0] == on_host[0] and len(on_host[0]) > 3
+    assert on_device[1] == on_host[1] == reference_greedy(tiny_self_pair[1], prompt, NEW_TOKENS)
+    assert max(on_host[2]) == 5 and max(on_device[2]) == 2
 
 
 @pytest.mark.parametrize("depth", [4, 6])  # 6: later layers forward such children, at their positions
