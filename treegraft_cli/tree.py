@@ -135,8 +135,8 @@ class DraftTree:
         scores."""
         tree = cls.from_parts(parts, num_nodes, host=True)
         with host_only():
-            columns, scores = parts[0].tolist(), parts[1].tolist()[:num_nodes]
-        tree._views.update({("list", name): column[:num_nodes] for name, column in zip(_STRUCTURE, columns, strict=False)})
+            columns, scores = parts[0].tolist()[: len(_STRUCTURE)], parts[1].tolist()[:num_nodes]
+        tree._views.update({("list", name): column[:num_nodes] for name, column in zip(_STRUCTURE, columns, strict=True)})
         tree._views[("list", "scores")] = scores
         return tree
 

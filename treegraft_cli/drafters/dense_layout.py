@@ -239,9 +239,12 @@ class OpenLayout(DenseLayout):
 
     def run(self, committed: torch.Tensor, layers: int) -> DenseDraft:  # committed: [L], root last
         """The pool after the first ``layers`` layers, the layers after them left to the caller: the strong drafter
-        keeps each forwarded node's log-prob row after the root's, in forward order, as its own forwards would
-        (``TreeDrafter.logp_rows``), for a later call of the step to read."""
+        keeps each forwarded node's log-prob row after the root's and knows whose cache rows follow the committed ones,
+        in forward order, as its own forwards would (``TreeDrafter.logp_rows``, ``step_nodes``), for a later call of
+        the step to read and mask against."""
         *_, drafted = self._layers(committed, layers, keep_rows=True)
+        if drafted.frontiers:
+            self.drafter.set_step_nodes(torch.cat(drafted.frontiers))
         return drafted
 
     def _layers(self, committed: torch.Tensor, layers: int, keep_rows: bool) -> Iterator[DenseDraft]:

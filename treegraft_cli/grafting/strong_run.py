@@ -92,8 +92,6 @@ def run_strong_layers(
     past the committed ones the same nodes' (``kv_slot``): a node's log-prob row is its cache row's offset plus one.
     """
     drafted = layout.run(committed, plan.layers)
-    if drafted.frontiers:  # the nodes layers 2.. forwarded, in row order
-        layout.drafter.set_step_nodes(torch.cat(drafted.frontiers))
     parts = fetch(*drafted.tree_parts())
     with host_only():
         tree = DraftTree.from_read_parts(parts, plan.capacity)
