@@ -76,6 +76,24 @@ def test_syncs_per_step_are_counted_honestly_and_within_the_limit(tiny_self_pair
         assert 1 <= step.syncs <= LIMITS[method](strong_calls), step
 
 
+# Every layer list of ``fixed`` at depth 4: the most reads a step takes. The verdict's, plus one for strong layers
+# 1..r run on the device from the root (r >= 2; none when r is every layer: the run is cut on the device), plus one
+# per strong call on the host, after a weak layer or after such a call; a lone call at layer 1 is made ahead and
+# read with the step before's verdict. A weak layer works on the host: a strong call before it is read before it.
+FIXED_READS = {
+    "fixed:1": 1, "fixed:2": 2, "fixed:3": 2, "fixed:4": 2,
+    "fixed:1,2": 2, "fixed:1,3": 2, "fixed:1,4": 2, "fixed:2,3": 3, "fixed:2,4": 3, "fixed:3,4": 3,
+    "fixed:1,2,3": 2, "fixed:1,2,4": 3, "fixed:1,3,4": 3, "fixed:2,3,4": 4, "fixed:1,2,3,4": 1,
+}
+
+
+@pytest.mark.parametrize("method", list(FIXED_READS))
+def test_every_layer_list_reads_once_per_host_strong_call_and_once_per_run(tiny_self_pair, method):
+    steps = audited(tiny_self_pair, method).steps
+    assert all(step.audited_syncs == step.syncs for step in steps)
+    assert max(step.syncs for step in steps) == FIXED_READS[method]
+
+
 def test_tree_methods_without_strong_calls_read_once_per_step(tiny_self_pair):
     for method in ("chain", "dense", "ngram", "all-small", "all-mid"):
         assert {step.syncs for step in audited(tiny_self_pair, method).steps} == {1}, method
