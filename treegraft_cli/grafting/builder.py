@@ -93,8 +93,10 @@ class Growth:
 
     @classmethod
     def after_run(cls, run: RunResult, layers: int) -> Growth:
-        """The state after a device run of strong layers 1..``layers`` (``strong_run``)."""
-        return cls(run.tree, run.frontier, set(), run.rows, list(range(1, layers + 1)), expanded_nodes=run.expanded)
+        """The state after a device run of strong layers 1..``layers`` (``strong_run``): the nodes it forwarded (those
+        with a row, the root's included) are the ones it grafted children under."""
+        expanded = {node for node, row in enumerate(run.rows) if row >= 0}
+        return cls(run.tree, run.frontier, set(), run.rows, list(range(1, layers + 1)), expanded_nodes=expanded)
 
     def sync(self) -> None:
         """Grow the side column to the tree's size (new nodes were never forwarded)."""

@@ -75,8 +75,8 @@ class RunResult:
     """The run's tree and side columns (``Growth``'s), on the host."""
 
     tree: DraftTree
-    rows: list[int]  # [num_nodes] each node's strong log-prob row, -1 if never forwarded
-    expanded: set[int]  # the nodes the strong drafter grafted children under: the root and every forwarded node
+    rows: list[int]  # [num_nodes] each node's strong log-prob row, -1 if never forwarded: in a run, the nodes with a
+    # row (the root and every forwarded node) are the ones the strong drafter grafted children under
     frontier: list[int]  # [K] the last layer's K best children
 
 
@@ -100,4 +100,4 @@ def run_strong_layers(
         rows[0] = 0
         last = plan.nodes_before(plan.layers)  # the last layer's children: their K best are the frontier
         frontier = best_nodes(tree.score_list(), list(range(last, plan.capacity)), plan.width)
-        return RunResult(tree, rows, {node for node, row in enumerate(rows) if row >= 0}, frontier)
+        return RunResult(tree, rows, frontier)
